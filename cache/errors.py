@@ -35,3 +35,16 @@ class DoubleFreeError(CacheError, RuntimeError):
 
 class OutOfSlotsError(CacheError, RuntimeError):
     """An allocator could not satisfy a request even though the caller required it to."""
+
+
+class InvalidSlotsError(CacheError, ValueError):
+    """Slot ids that are not integers, not 1-D, or point into the reserved page 0."""
+
+
+class InvariantError(CacheError, AssertionError):
+    """`check_invariants()` found a broken ownership or accounting rule (a bug in the cache or its caller)."""
+
+
+class RequestStateError(CacheError, ValueError):
+    """A request-level call that does not fit the request's state (e.g. finishing with fewer tokens than it
+    already holds, or admitting a request that still holds slots)."""
