@@ -1,0 +1,130 @@
+"""gpt-oss mixture of experts: top-k router with bias, clamped SwiGLU experts with interleaved gate/up.
+
+Facts (reference eagle3-gptoss.md section 1.3):
+- router logits = x @ W_r^T + b_r; take the k largest raw logits; the routing weights are a softmax over
+  those k values only (not over all experts).
+- expert e: gu = x @ gate_up_proj[e] + gate_up_proj_bias[e], width 2*I, columns interleaved
+  (gate = gu[..., 0::2], up = gu[..., 1::2]); gate = min(gate, limit); up = clip(up, -limit, limit);
+  h = (up + 1) * gate * sigmoid(alpha * gate); out = h @ down_proj[e] + down_proj_bias[e].
+- y = sum over the k chosen experts of weight * out.
+
+Weights are input-major (x @ W), as in the Hugging Face checkpoint after MXFP4 dequantization:
+gate_up_proj [E, H, 2I], down_proj [E, I, H].
+
+Two dispatch strategies, same result (up to float summation order):
+- "dense": every token runs through every expert, then the outputs are combined with a [T, E] weight matrix
+  that is zero outside the top-k. Cost O(T * E * H * I): E/k times the useful work. Simple, one big einsum;
+  fine for tiny models and for decode batches where all experts are touched anyway.
+- "sorted": the T*k (token, expert) assignments are sorted by expert and each expert multiplies only its
+  contiguous group (`jax.lax.ragged_dot`). Cost O(T * k * H * I) plus an argsort of T*k ids and two gathers
+  of T*k rows. Shapes stay static (T*k rows), so it jits once per token bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Dispatch = Literal["dense", "sorted"]
+
+
+def route(x: jax.Array, router_weight: jax.Array, router_bias: jax.Array, top_k: int):
+    """Top-k routing. x [T, H], router_weight [E, H] (nn.Linear layout), router_bias [E].
+
+    Returns (weights [T, k] float, softmax over the k selected logits; experts [T, k] int32, best first).
+    """
+    logits = x @ router_weight.T + router_bias
+    top_values, top_experts = jax.lax.top_k(logits, top_k)
+    return jax.nn.softmax(top_values, axis=-1), top_experts
+
+
+def clamped_swiglu(gate_up: jax.Array, limit: float, alpha: float) -> jax.Array:
+    """gate_up [..., 2I] with interleaved columns (gate even, up odd) -> [..., I]."""
+    gate = jnp.minimum(gate_up[..., 0::2], limit)
+    up = jnp.clip(gate_up[..., 1::2], -limit, limit)
+    return (up + 1.0) * (gate * jax.nn.sigmoid(alpha * gate))
+
+
+def experts_dense(x, weights, experts, gate_up_proj, gate_up_bias, down_proj, down_bias, limit, alpha):
+    """All experts on all tokens, then combined. x [T, H]; weights/experts [T, k]. Returns [T, H]."""
+    num_experts = gate_up_proj.shape[0]
+    gate_up = jnp.einsum("th,ehi->tei", x, gate_up_proj) + gate_up_bias
+    out = jnp.einsum("tei,eih->teh", clamped_swiglu(gate_up, limit, alpha), down_proj) + down_bias
+    # combine[t, e] = routing weight of expert e for token t (0 if e is not among its top-k)
+    combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=weights.dtype) * weights[..., None], axis=1)
+    return jnp.einsum("te,teh->th", combine.astype(out.dtype), out)
+
+
+def experts_sorted(x, weights, experts, gate_up_proj, gate_up_bias, down_proj, down_bias, limit, alpha):
+    """Only the chosen experts, grouped by expert with ragged_dot. Same contract as `experts_dense`."""
+    num_tokens, top_k = experts.shape
+    num_experts = gate_up_proj.shape[0]
+    flat_experts = experts.reshape(-1)  # assignment a = t * k + j
+    order = jnp.argsort(flat_experts, stable=True)
+    sorted_experts = flat_experts[order]
+    group_sizes = jnp.bincount(flat_experts, length=num_experts).astype(jnp.int32)
+    rows = x[order // top_k]  # [T*k, H]
+    gate_up = jax.lax.ragged_dot(rows, gate_up_proj, group_sizes) + gate_up_bias[sorted_experts]
+    out = jax.lax.ragged_dot(clamped_swiglu(gate_up, limit, alpha), down_proj, group_sizes)
+    out = out + down_bias[sorted_experts]
+    # undo the sort: assignment a sits at position inverse[a]
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    out = out[inverse].reshape(num_tokens, top_k, -1)
+    return jnp.einsum("tk,tkh->th", weights.astype(out.dtype), out)
+
+
+_EXPERTS = {"dense": experts_dense, "sorted": experts_sorted}
+
+
+class GptOssMoE(nnx.Module):
+    """gpt-oss MoE block (router + experts). Parameter names follow the HF checkpoint's `mlp.*` tensors.
+
+    __call__(x [..., H]) -> [..., H] in x's dtype. Parameters start as zeros; the loader fills them.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        swiglu_limit: float = 7.0,
+        swiglu_alpha: float = 1.702,
+        dispatch: Dispatch = "sorted",
+        dtype=jnp.float32,
+    ):
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_local_experts={num_experts}]")
+        if dispatch not in _EXPERTS:
+            raise ValueError(f"unknown MoE dispatch {dispatch!r}; expected one of {sorted(_EXPERTS)}")
+        self.top_k = top_k
+        self.limit = float(swiglu_limit)
+        self.alpha = float(swiglu_alpha)
+        self.dispatch = dispatch
+        e, h, i = num_experts, hidden_size, intermediate_size
+        self.router_weight = nnx.Param(jnp.zeros((e, h), dtype))
+        self.router_bias = nnx.Param(jnp.zeros((e,), dtype))
+        self.gate_up_proj = nnx.Param(jnp.zeros((e, h, 2 * i), dtype))
+        self.gate_up_proj_bias = nnx.Param(jnp.zeros((e, 2 * i), dtype))
+        self.down_proj = nnx.Param(jnp.zeros((e, i, h), dtype))
+        self.down_proj_bias = nnx.Param(jnp.zeros((e, h), dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        lead_shape = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        weights, experts = route(flat, self.router_weight[...], self.router_bias[...], self.top_k)
+        y = _EXPERTS[self.dispatch](
+            flat,
+            weights,
+            experts,
+            self.gate_up_proj[...],
+            self.gate_up_proj_bias[...],
+            self.down_proj[...],
+            self.down_proj_bias[...],
+            self.limit,
+            self.alpha,
+        )
+        return y.astype(x.dtype).reshape(*lead_shape, -1)
