@@ -1,0 +1,94 @@
+"""`SamplingBatch`: the per-row sampling parameters of one step, built on the host with numpy.
+
+S rows = the step's sequence bucket. Row i belongs to the i-th sequence that samples this step; rows past the
+real ones are padding (greedy, no filters, no penalties) whose outputs the caller ignores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jaxserve.sampling.params import SamplingParams
+from jaxserve.sampling.seeds import seed_words
+
+# Row index for rows without a penalty-pool row; gathers clip it, scatters drop it (see penalties.py).
+_INT32_MAX = int(np.iinfo(np.int32).max)
+NO_PENALTY_ROW = _INT32_MAX
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingRow:
+    """One sequence's sampling input for this step (host side).
+
+    seed: resolved seed (`SeedSource.seed_for(params)`), fixed for the request's lifetime.
+    num_generated: output tokens generated before this one (0 when sampling the first output token).
+    penalty_row: the request's row in the `PenaltyPool`, or None when it has no row.
+    """
+
+    params: SamplingParams
+    seed: int
+    num_generated: int
+    penalty_row: int | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingBatch:
+    """Per-row sampling parameters, S rows (the sequence bucket). A pytree of arrays; no static fields.
+
+    temperatures f32[S] (0 = greedy), top_k i32[S] (-1 = off), top_p f32[S] (1 = off), min_p f32[S] (0 = off),
+    repetition_penalty / frequency_penalty / presence_penalty f32[S] (1 / 0 / 0 = off),
+    seed_words u32[S, 2] (seed as high, low words), num_generated i32[S] (folded into the key),
+    penalty_rows i32[S] (row in the PenaltyPool; NO_PENALTY_ROW when none).
+    """
+
+    temperatures: np.ndarray | jax.Array
+    top_k: np.ndarray | jax.Array
+    top_p: np.ndarray | jax.Array
+    min_p: np.ndarray | jax.Array
+    repetition_penalty: np.ndarray | jax.Array
+    frequency_penalty: np.ndarray | jax.Array
+    presence_penalty: np.ndarray | jax.Array
+    seed_words: np.ndarray | jax.Array
+    num_generated: np.ndarray | jax.Array
+    penalty_rows: np.ndarray | jax.Array
+
+    @property
+    def num_rows(self) -> int:
+        """S, the padded number of rows."""
+        return int(self.temperatures.shape[0])
+
+
+def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int) -> SamplingBatch:
+    """Pack `rows` into a SamplingBatch of `num_rows` rows (the bucket), padding the rest. O(num_rows).
+
+    Raises ValueError if there are more rows than `num_rows` or a row has num_generated < 0.
+    """
+    if len(rows) > num_rows:
+        raise ValueError(f"{len(rows)} sampling rows do not fit the bucket of {num_rows} rows")
+    if any(row.num_generated < 0 for row in rows):
+        raise ValueError("num_generated must be >= 0 for every sampling row")
+
+    def column(get, pad, dtype) -> np.ndarray:
+        return np.array([get(row) for row in rows] + [pad] * (num_rows - len(rows)), dtype=dtype)
+
+    words = np.zeros((num_rows, 2), dtype=np.uint32)
+    words[: len(rows)] = seed_words([row.seed for row in rows])
+    return SamplingBatch(
+        temperatures=column(lambda r: 0.0 if r.params.is_greedy else r.params.temperature, 0.0, np.float32),
+        top_k=column(lambda r: min(r.params.top_k, _INT32_MAX), -1, np.int32),
+        top_p=column(lambda r: r.params.top_p, 1.0, np.float32),
+        min_p=column(lambda r: r.params.min_p, 0.0, np.float32),
+        repetition_penalty=column(lambda r: r.params.repetition_penalty, 1.0, np.float32),
+        frequency_penalty=column(lambda r: r.params.frequency_penalty, 0.0, np.float32),
+        presence_penalty=column(lambda r: r.params.presence_penalty, 0.0, np.float32),
+        seed_words=words,
+        num_generated=column(lambda r: r.num_generated, 0, np.int32),
+        penalty_rows=column(
+            lambda r: NO_PENALTY_ROW if r.penalty_row is None else r.penalty_row, NO_PENALTY_ROW, np.int32
+        ),
+    )

@@ -1,0 +1,59 @@
+"""`sample`: one token per row from a step's logits, fused into the jitted step.
+
+Order per row (HF / SGLang): penalties -> temperature -> top-k -> top-p -> min-p -> Gumbel-max draw. Greedy
+rows (temperature 0) take the argmax of the penalised logits. No host sync, no data-dependent Python control
+flow: one trace per (S, V, dtype, penalties-or-None) shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.sampling.batch import SamplingBatch
+from jaxserve.sampling.filters import apply_filters
+from jaxserve.sampling.penalties import PenaltyPool, apply_penalties
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """token_ids i32[S]: the sampled token per row.
+    logprobs f32[S]: log-probability of that token under the model's raw distribution, log_softmax(logits)
+    before penalties, temperature and filters (the "original" logprob); padding rows hold garbage.
+    """
+
+    token_ids: jax.Array
+    logprobs: jax.Array
+
+
+def row_keys(batch: SamplingBatch) -> jax.Array:
+    """key[S]: per-row keys fold_in(threefry_key(seed), num_generated) (see seeds.py)."""
+    keys = jax.random.wrap_key_data(jnp.asarray(batch.seed_words, jnp.uint32), impl="threefry2x32")
+    return jax.vmap(jax.random.fold_in)(keys, jnp.asarray(batch.num_generated, jnp.uint32))
+
+
+def sample(logits: jax.Array, batch: SamplingBatch, penalties: PenaltyPool | None = None) -> SampleOutput:
+    """Sample one token per row. logits [S, V] (any float dtype; computed in f32), batch with S rows.
+
+    penalties: the pool whose rows `batch.penalty_rows` hold each request's token counts, or None to skip
+    penalties entirely (then the batch's penalty parameters are ignored). Pure: the caller updates the pool
+    afterwards with `update_counts(pool, batch.penalty_rows, out.token_ids)`.
+    """
+    raw = logits.astype(jnp.float32)
+    penalised = raw if penalties is None else apply_penalties(raw, batch, penalties)
+
+    greedy = batch.temperatures == 0.0
+    temperatures = jnp.where(greedy, 1.0, batch.temperatures)
+    scaled = penalised / temperatures[:, None]
+    filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p)
+
+    vocab_size = raw.shape[-1]
+    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(row_keys(batch))
+    drawn = jnp.argmax(filtered + gumbel, axis=-1)
+    token_ids = jnp.where(greedy, jnp.argmax(penalised, axis=-1), drawn).astype(jnp.int32)
+
+    logprobs = jnp.take_along_axis(jax.nn.log_softmax(raw, axis=-1), token_ids[:, None], axis=-1)[:, 0]
+    return SampleOutput(token_ids=token_ids, logprobs=logprobs)
