@@ -1,0 +1,109 @@
+"""Paged extend/decode allocation (SGLang's `alloc_extend` / `alloc_decode` rules), vectorised on the host.
+
+For request i the new token positions are `[prefix_lens[i], seq_lens[i])`. They are filled in order from
+(1) the rest of the request's current partial page, continuing at `last_locs[i] + 1` (the slot of position
+`prefix_lens[i] - 1`), up to the page end or `seq_lens[i]`; (2) whole new pages; (3) a partial new page.
+New pages per request: `ceil(seq / P) - ceil(prefix / P)`, taken in request order. All or nothing: if the
+pages do not suffice the result is OutOfSlots and nothing is taken. With page_size 1 this is a plain
+allocation of `sum(seq - prefix)` slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxserve.memory import allocator as A
+from jaxserve.memory.allocator import SLOT_DTYPE, AllocatorState
+from jaxserve.memory.errors import InvalidAllocRequestError, OutOfSlots
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """Validated extend arguments plus the page count per request (`new_pages`)."""
+
+    prefix_lens: np.ndarray
+    seq_lens: np.ndarray
+    last_locs: np.ndarray
+    new_pages: np.ndarray
+
+    @property
+    def num_new_pages(self) -> int:
+        return int(self.new_pages.sum())
+
+
+def plan_extend(
+    state: AllocatorState, prefix_lens: np.ndarray, seq_lens: np.ndarray, last_locs: np.ndarray
+) -> ExtendPlan:
+    """Validate extend arguments (raises InvalidAllocRequestError) and count the new pages needed."""
+    pre = np.asarray(prefix_lens, dtype=np.int64).reshape(-1)
+    seq = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+    last = np.asarray(last_locs, dtype=np.int64).reshape(-1)
+    if not (pre.shape == seq.shape == last.shape) or pre.size == 0:
+        raise InvalidAllocRequestError(
+            f"prefix_lens, seq_lens and last_locs need one equal, non-zero length; got "
+            f"{pre.shape}, {seq.shape}, {last.shape}"
+        )
+    if (pre < 0).any() or (seq < pre).any() or int((seq - pre).sum()) <= 0:
+        raise InvalidAllocRequestError(
+            "need 0 <= prefix_len <= seq_len per request and at least one new token"
+        )
+    p = state.page_size
+    partial = (pre % p) != 0
+    if partial.any():
+        lp = last[partial]
+        if (lp < p).any() or (lp >= state.slot_limit).any() or ((lp + 1) % p != pre[partial] % p).any():
+            raise InvalidAllocRequestError(
+                "last_locs must be the slot of position prefix_len - 1: an allocatable slot whose offset in "
+                f"its page is (prefix_len - 1) % page_size (page_size={p})"
+            )
+        if A.is_slot_free(state, lp).any():
+            raise InvalidAllocRequestError(
+                "last_locs points at a page that is free: the request does not own it"
+            )
+    new_pages = -(-seq // p) - (-(-pre // p))
+    return ExtendPlan(pre, seq, last, new_pages)
+
+
+def slots_for_plan(plan: ExtendPlan, pages: np.ndarray, page_size: int) -> np.ndarray:
+    """The slots of every new position, request-major, given the plan's freshly allocated pages in order."""
+    p = page_size
+    counts = plan.seq_lens - plan.prefix_lens
+    req = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    pos = plan.prefix_lens[req] + (np.arange(req.size) - starts[req])
+    first_page = -(-plan.prefix_lens // p)  # the page index (within the request) of the first new page
+    in_partial = pos < first_page[req] * p
+    page_offset = (np.cumsum(plan.new_pages) - plan.new_pages)[req] + (pos // p - first_page[req])
+    new_slot = pages[np.where(in_partial, 0, page_offset)] * p + pos % p if pages.size else pos * 0
+    old_slot = plan.last_locs[req] + (pos - plan.prefix_lens[req] + 1)
+    return np.where(in_partial, old_slot, new_slot).astype(SLOT_DTYPE)
+
+
+def alloc_extend(
+    state: AllocatorState, prefix_lens: np.ndarray, seq_lens: np.ndarray, last_locs: np.ndarray
+) -> tuple[AllocatorState, np.ndarray] | OutOfSlots:
+    """Slots for positions `[prefix_lens[i], seq_lens[i])` of every request, concatenated request-major.
+
+    Ownership: the new pages move to the caller; the partial-page slots were already the caller's.
+    """
+    plan = plan_extend(state, prefix_lens, seq_lens, last_locs)
+    new_state, pages = state, np.zeros(0, dtype=SLOT_DTYPE)
+    if plan.num_new_pages:
+        result = A.alloc_pages(state, plan.num_new_pages)
+        if isinstance(result, OutOfSlots):
+            return result
+        new_state, pages = result
+    return new_state, slots_for_plan(plan, pages, state.page_size)
+
+
+def alloc_decode(
+    state: AllocatorState, seq_lens: np.ndarray, last_locs: np.ndarray
+) -> tuple[AllocatorState, np.ndarray] | OutOfSlots:
+    """One slot per request for position `seq_lens[i] - 1` (seq_lens include the new token).
+
+    A new page when that position starts a page, else `last_locs[i] + 1`.
+    """
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    return alloc_extend(state, seq - 1, seq, last_locs)

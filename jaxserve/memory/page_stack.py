@@ -1,0 +1,114 @@
+"""A persistent LIFO stack of free page ids: O(k) push/pop, O(1) snapshots, every old snapshot checkable.
+
+Units: page ids `1..num_pages` (page 0 is the reserved padding page and never enters the stack).
+
+Storage (`FreePageStack`, shared and mutable, private to this module's functions) and snapshots (`top`,
+`seen_writes`: two ints held by an immutable allocator state) are separate:
+- `entries[0:top]` is a snapshot's free set; the top of the stack is the end, so a pop of k pages takes
+  `entries[top-k:top]` (last pushed first) and writes nothing.
+- A push of m pages writes `entries[top:top+m]` and counts as one *write* (serial `num_writes`).
+- `pos_of[p]` is where page p was last written; with `entries` it answers "is p free in this snapshot" in
+  O(1) per page (see `is_free`).
+
+Why old snapshots stay valid: pops never write, and a push writes only at or above the pushing snapshot's
+`top`. A snapshot (`top`, `seen_writes`) is valid exactly while no write made after it (serial >
+`seen_writes`) started below its `top`. So a snapshot stays valid after any number of pops from it or its
+descendants, and after pushes that start at or above its `top` (frees without allocations in between). A
+push from a popped descendant writes below the snapshot's `top` and invalidates it; `check_valid` detects
+that in O(log num_pages) via the suffix minima of write positions, and every operation calls it first.
+
+Why `is_free` is exact for a valid snapshot s: a page p at index i < s.top of s's free set was written
+there by the latest write of p (any later write of p would come from a state in which p was allocated,
+which needs a pop to or below i and then a push starting at or below i, a write below s.top that would
+have invalidated s), so `pos_of[p] == i` and `entries[i] == p`. Conversely `pos_of[p] < s.top` with
+`entries[pos_of[p]] == p` means s sees p in its free set, since nothing below s.top changed after s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxserve.memory.errors import StaleAllocatorStateError
+
+PAGE_DTYPE = np.int64
+
+
+class SuffixMinLog:
+    """Records values in time order; answers "the minimum of the values recorded after serial t".
+
+    Keeps only the suffix minima (serials increasing, values strictly increasing), so it holds at most
+    `capacity` entries for values in `[0, capacity)` (negated values: `(-capacity, 0]`). Record: amortised
+    O(1); query: O(log capacity).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.num_records = 0
+        self._serial = np.zeros(capacity + 1, dtype=np.int64)
+        self._value = np.zeros(capacity + 1, dtype=np.int64)
+        self._size = 0
+
+    def record(self, value: int) -> int:
+        """Append a value; returns its serial (1, 2, ...)."""
+        self.num_records += 1
+        n = self._size
+        while n and self._value[n - 1] >= value:
+            n -= 1
+        self._serial[n] = self.num_records
+        self._value[n] = value
+        self._size = n + 1
+        return self.num_records
+
+    def min_after(self, serial: int, default: int) -> int:
+        """The smallest value recorded with serial > `serial`, or `default` if none."""
+        i = int(np.searchsorted(self._serial[: self._size], serial, side="right"))
+        return int(self._value[i]) if i < self._size else default
+
+
+class FreePageStack:
+    """The shared storage of one allocator lineage (all states derived from one `make_*` call)."""
+
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages = num_pages
+        # Initial order: page 1 on top, so the first pops hand out 1, 2, 3, ... (like cache.testing).
+        self.entries = np.arange(num_pages, 0, -1, dtype=PAGE_DTYPE)
+        self.pos_of = np.full(num_pages + 1, -1, dtype=PAGE_DTYPE)
+        self.pos_of[self.entries] = np.arange(num_pages, dtype=PAGE_DTYPE)
+        self.writes = SuffixMinLog(num_pages + 1)  # start position of every push
+
+    @property
+    def num_writes(self) -> int:
+        return self.writes.num_records
+
+    def lowest_write_after(self, serial: int) -> int:
+        """The smallest start position of any write with serial > `serial` (num_pages + 1 if none)."""
+        return self.writes.min_after(serial, self.num_pages + 1)
+
+
+def check_valid(stack: FreePageStack, top: int, seen_writes: int) -> None:
+    """Raise StaleAllocatorStateError if a later push overwrote part of this snapshot's free set."""
+    if stack.lowest_write_after(seen_writes) < top:
+        raise StaleAllocatorStateError(
+            "this allocator state is stale: pages were freed from a state derived after it by allocation, "
+            "overwriting its free list. Restore only states saved after the last free (no frees between "
+            "backup and restore)."
+        )
+
+
+def is_free(stack: FreePageStack, top: int, pages: np.ndarray) -> np.ndarray:
+    """Boolean per page: is it in the free set of the (valid) snapshot with this `top`. O(len(pages))."""
+    pos = stack.pos_of[pages]
+    inside = (pos >= 0) & (pos < top)
+    return inside & (stack.entries[np.where(inside, pos, 0)] == pages)
+
+
+def pop(stack: FreePageStack, top: int, num_pages: int) -> tuple[int, np.ndarray]:
+    """Take `num_pages` pages (caller checked availability); returns (new top, pages in hand-out order)."""
+    return top - num_pages, stack.entries[top - num_pages : top][::-1].copy()
+
+
+def push(stack: FreePageStack, top: int, pages: np.ndarray) -> tuple[int, int]:
+    """Write distinct pages that are not free in this snapshot; returns (new top, new seen_writes)."""
+    new_top = top + pages.size
+    stack.entries[top:new_top] = pages
+    stack.pos_of[pages] = np.arange(top, new_top, dtype=PAGE_DTYPE)
+    return new_top, stack.writes.record(top)
