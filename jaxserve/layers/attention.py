@@ -1,0 +1,90 @@
+"""GQA self-attention: q/k/v projections, optional per-head q/k norm, rotary, paged attention, o_proj."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxserve.layers.attention_metadata import AttentionMetadata
+from jaxserve.layers.backends import get_backend
+from jaxserve.layers.norm import RMSNorm
+from jaxserve.layers.rotary import RotaryEmbedding
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Static shape and behaviour of one attention layer.
+
+    `sliding_window`: keys per query including itself (None = full). `scale`: multiplies q.k (None =
+    head_dim**-0.5). `qk_norm`: RMSNorm over head_dim on q and k before rotary (Qwen3, Gemma 3), with
+    `norm_unit_offset` for Gemma's (1 + w). `sinks`: one learned logit per q head (gpt-oss).
+    `use_swa_tables`: this layer's K/V live in the swa pool group.
+    """
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    norm_eps: float = 1e-6
+    norm_unit_offset: bool = False
+    sliding_window: int | None = None
+    sinks: bool = False
+    logit_softcap: float | None = None
+    scale: float | None = None
+    use_swa_tables: bool = False
+    backend: str = "native"
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads={self.num_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_kv_heads}")
+
+
+class Attention(nnx.Module):
+    """`x [T, hidden] -> [T, hidden]`, writing this step's K/V into `pool[layer]` first (see kv_io).
+
+    Parameters: `q_proj [hidden, H*D]`, `k_proj`/`v_proj [hidden, Hkv*D]`, `o_proj [H*D, hidden]` (+ biases
+    per config), optional `q_norm`/`k_norm [D]`, optional `sinks [H]`.
+    """
+
+    def __init__(self, cfg: AttentionConfig, rotary: RotaryEmbedding | None, *, dtype: jnp.dtype,
+                 rngs: nnx.Rngs):
+        def dense(n_in: int, n_out: int, bias: bool) -> nnx.Linear:
+            return nnx.Linear(n_in, n_out, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg = cfg
+        self.rotary = rotary
+        self.q_proj = dense(cfg.hidden_size, h * d, cfg.qkv_bias)
+        self.k_proj = dense(cfg.hidden_size, hkv * d, cfg.qkv_bias)
+        self.v_proj = dense(cfg.hidden_size, hkv * d, cfg.qkv_bias)
+        self.o_proj = dense(h * d, cfg.hidden_size, cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, eps=cfg.norm_eps, unit_offset=cfg.norm_unit_offset, param_dtype=dtype)
+            self.k_norm = RMSNorm(d, eps=cfg.norm_eps, unit_offset=cfg.norm_unit_offset, param_dtype=dtype)
+        if cfg.sinks:
+            self.sinks = nnx.Param(jnp.zeros((h,), dtype))
+        get_backend(cfg.backend)  # unknown name fails at construction
+
+    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: jax.Array,
+                 layer: int) -> tuple[jax.Array, jax.Array]:
+        cfg = self.cfg
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, meta.positions), self.rotary(k, meta.positions)
+        out, pool = get_backend(cfg.backend)(
+            q, k, v, pool, layer, meta, use_swa_tables=cfg.use_swa_tables,
+            sliding_window=cfg.sliding_window, sinks=self.sinks[...] if cfg.sinks else None,
+            logit_softcap=cfg.logit_softcap, scale=cfg.scale)
+        return self.o_proj(out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)), pool

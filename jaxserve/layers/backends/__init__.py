@@ -1,0 +1,46 @@
+"""Paged-attention backends, selected by name.
+
+A backend is a callable with the signature of `native.paged_attention`: it writes the step's K/V into one
+layer of a pool group, then attends every query token over its sequence's cached keys, and returns
+`(out [T, q_heads, head_dim], new_pool)`. Accelerator kernels register themselves with
+`@register_backend("name")`; models pick one by name (`get_backend("native")` is the plain-JAX reference
+that runs anywhere and is the test oracle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+AttentionBackend = Callable[..., Any]
+
+_BACKENDS: dict[str, AttentionBackend] = {}
+
+
+def register_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend]:
+    """Decorator registering a backend under `name`; re-registering a name raises ValueError."""
+
+    def wrap(fn: AttentionBackend) -> AttentionBackend:
+        if name in _BACKENDS and _BACKENDS[name] is not fn:
+            raise ValueError(f"attention backend {name!r} is already registered")
+        _BACKENDS[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """Return the backend registered as `name`; ValueError lists the registered names otherwise."""
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention backend {name!r}; registered: {sorted(_BACKENDS)}") from None
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+from jaxserve.layers.backends import native  # noqa: E402  (registers "native")
+
+__all__ = ["AttentionBackend", "available_backends", "get_backend", "native", "register_backend"]
