@@ -1,0 +1,340 @@
+"""The plain (full-attention) prefix tree: token prefixes -> the full slots that hold their KV.
+
+Behaviour follows SGLang 0.5.3.post1's `RadixCache` (reference doc §5-§9): `match_prefix` splits nodes and
+refreshes LRU stamps, `insert` returns how much of the key was already cached (the caller owns those duplicate
+slots), eviction removes least-recently-used unlocked leaves and cascades to parents that become leaves, and
+`inc_lock_ref` / `dec_lock_ref` move whole root paths between the evictable and protected counts. The
+request-level operations (`admit`, `cache_unfinished_req`, `cache_finished_req`, `release_req`) live in
+`cache.radix_requests` and are correct where SGLang is not (§23, see there).
+
+Units: all lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (then a key of `n` tokens has
+`n - 1` units, each holding the slot of its first token). Slots are full-attention slot ids (int64). With
+`page_size = P > 1` every node's key and value are whole pages and matches are floored to pages.
+
+Deliberate differences from SGLang: keys are never converted in place (a `RadixKey` carries its mode);
+`insert` validates its input and rejects keys that are not whole pages instead of storing a partial page;
+`reset` frees the tree's slots to the allocator (SGLang leaves that to the caller's allocator reset); the
+LRU order is a lazy heap of leaves (`cache.eviction`) instead of collecting all leaves on every `evict`.
+Not thread-safe: one scheduler thread owns the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from cache.allocator import SlotAllocator
+from cache.errors import EvictLockedError, ExtraKeyMismatchError, LockError, ValueLengthError
+from cache.eviction import LeafHeap
+from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned
+from cache.match import MatchResult, common_units
+from cache.node import _TOKEN_BYTES, TreeNode
+from cache.pretty import format_tree
+from cache.radix_invariants import check_radix_invariants
+from cache.radix_requests import RadixRequestOps
+from cache.slots import as_slot_array, check_slots
+
+_EMPTY_SLOTS = np.zeros(0, SLOT_DTYPE)
+_EMPTY_SLOTS.flags.writeable = False
+
+
+class RadixCache(RadixRequestOps):
+    """Host-side prefix tree over full-attention slots. See the module docstring for units and semantics.
+
+    `allocator` must be page-granular with the same `page_size`; the tree frees evicted slots through it.
+    `disabled=True` keeps the same API but caches nothing (matches are empty, inserts store nothing, the
+    request operations free KV directly).
+    """
+
+    def __init__(
+        self, allocator: SlotAllocator, *, page_size: int = 1, eagle: bool = False, disabled: bool = False
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if allocator.page_size != page_size:
+            raise ValueError(f"allocator has page_size={allocator.page_size}, the tree {page_size}")
+        self.allocator = allocator
+        self.page_size = page_size
+        self.eagle = bool(eagle)
+        self.disabled = bool(disabled)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._tick = 0
+        self.root = TreeNode(RadixKey(np.zeros(0, np.int64), self.eagle), _EMPTY_SLOTS, None, 0)
+        self.root.lock_ref = 1  # never evicted (G3); locks stop below it
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._num_nodes = 0
+        self._lru = LeafHeap()
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def evictable_size(self) -> int:
+        """Units (= slots) held by nodes with `lock_ref == 0`."""
+        return self._evictable_size
+
+    @property
+    def protected_size(self) -> int:
+        """Units (= slots) held by locked nodes (some live request's prefix)."""
+        return self._protected_size
+
+    @property
+    def num_nodes(self) -> int:
+        """Non-root nodes in the tree."""
+        return self._num_nodes
+
+    def total_size(self) -> int:
+        """Units held by the whole tree, summed over nodes (O(nodes); for tests and debugging)."""
+        return sum(node.num_units for node in self.iter_nodes())
+
+    def iter_nodes(self):
+        """Every non-root node, parents before children (O(nodes))."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def reset(self) -> None:
+        """Drop every node and free its slots to the allocator. Raises EvictLockedError (tree unchanged) while
+        any request holds a lock."""
+        locked = [n for n in self.iter_nodes() if n.lock_ref > 0]
+        if locked:
+            raise EvictLockedError(f"reset with {len(locked)} locked nodes; release the live requests first")
+        slots = [n.value for n in self.iter_nodes()]
+        if slots:
+            self.allocator.free(np.concatenate(slots))
+        for node in self.iter_nodes():
+            node.parent = None
+        self._clear()
+
+    # ------------------------------------------------------------------ keys
+    def make_key(
+        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None
+    ) -> RadixKey:
+        """The tree's view of `token_ids`: validated, bigram when `eagle` (idempotent), in `extra_key`'s
+        namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
+        if isinstance(token_ids, RadixKey):
+            if extra_key is not None and token_ids.extra_key != extra_key:
+                raise ExtraKeyMismatchError(
+                    f"key has extra_key {token_ids.extra_key!r}, call passed {extra_key!r}"
+                )
+            if token_ids.bigram and not self.eagle:
+                raise ValueError("a bigram key was passed to a tree built with eagle=False")
+            return token_ids.as_bigram() if self.eagle else token_ids
+        return RadixKey.of(token_ids, bigram=self.eagle, extra_key=extra_key)
+
+    # ------------------------------------------------------------------ match / insert
+    def _walk(self, key: RadixKey, num_units: int) -> tuple[TreeNode, int, list[np.ndarray]]:
+        """Follow the key's first `num_units` units (whole pages) down the tree, splitting the node where the
+        common prefix ends inside it and refreshing LRU stamps. Returns the deepest node reached, the units
+        matched, and the matched nodes' values in order. The hot path of match and insert: per node one dict
+        lookup and one memcmp; a vectorised compare only where a node's key diverges."""
+        bigram, page_size, extra_key = int(self.eagle), self.page_size, key.extra_key
+        tokens = key.tokens[: num_units + bigram]
+        token_bytes = tokens.tobytes()
+        head_bytes = (page_size + bigram) * _TOKEN_BYTES
+        tick = self._tick + 1
+        node, pos, values = self.root, 0, []
+        node.last_access = tick
+        while pos < num_units:
+            start = pos * _TOKEN_BYTES
+            head = token_bytes[start : start + head_bytes]
+            child = node.children.get(head if extra_key is None else (extra_key, head))
+            if child is None:
+                break
+            node_units = child.num_units
+            overlap = min(node_units, num_units - pos)
+            if (
+                overlap == node_units
+                and token_bytes[start : start + (overlap + bigram) * _TOKEN_BYTES] == child.key_bytes
+            ):
+                m = node_units
+            else:
+                m = common_units(child, tokens, token_bytes, pos, num_units, bigram, page_size)
+                if m < node_units:  # the lower part was not used: it keeps its LRU stamp (and heap entry)
+                    child = self._split(child, m)
+            tick += 1
+            child.last_access = tick
+            values.append(child.value)
+            node, pos = child, pos + m
+        self._tick = tick
+        return node, pos, values
+
+    def match_prefix(
+        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None
+    ) -> MatchResult:
+        """Longest cached prefix of the key, floored to whole pages: its slots (fresh array) and deepest node.
+
+        Splits the node where the match ends inside it and refreshes the LRU stamps of the path; never frees
+        or allocates. Under EAGLE a key of n tokens matches at most n - 1 slots (R5). Cost: O(nodes visited)
+        Python steps plus C-speed compares of the matched tokens.
+        """
+        key = self.make_key(token_ids, extra_key)
+        num_units = len(key) - len(key) % self.page_size
+        if self.disabled or num_units == 0:
+            return MatchResult(_EMPTY_SLOTS.copy(), self.root)
+        node, _, values = self._walk(key, num_units)
+        self._lru.push_if_evictable(node)
+        if not values:
+            return MatchResult(_EMPTY_SLOTS.copy(), node)
+        return MatchResult(np.concatenate(values) if len(values) > 1 else values[0].copy(), node)
+
+    def insert(
+        self,
+        token_ids: Sequence[int] | np.ndarray | RadixKey,
+        slots: Sequence[int] | np.ndarray,
+        extra_key: Hashable | None = None,
+        *,
+        prev_prefix_len: int = 0,
+    ) -> int:
+        """Cache `slots` under the key; return how many leading units were already cached.
+
+        Ownership: the tree takes `slots[returned:num_units]` (it copies them). The caller keeps and must free
+        the duplicates `slots[prev_prefix_len:returned]` it owns, and under EAGLE any slots beyond the key's
+        units (R4: a key of n tokens stores n - 1 slots). `prev_prefix_len` is accepted for API symmetry with
+        the SWA tree and otherwise ignored. The key must be whole pages; `slots` must have one slot per unit
+        (more is allowed only under EAGLE) and be whole pages in order. Bad input raises before any change.
+        Disabled tree: stores nothing, returns 0 (the caller keeps every slot).
+        """
+        key = self.make_key(token_ids, extra_key)
+        slots = as_slot_array(slots)
+        num_units = len(key)
+        check_page_aligned(num_units, self.page_size, "inserted key")
+        if slots.shape[0] < num_units or (slots.shape[0] > num_units and not self.eagle):
+            raise ValueLengthError(f"key has {num_units} units but {slots.shape[0]} slots were given")
+        slots = slots[:num_units]
+        check_slots(slots, self.page_size)
+        if self.disabled or num_units == 0:
+            return 0
+        node, pos, _ = self._walk(key, num_units)
+        if pos < num_units:
+            self._tick += 1
+            leaf = TreeNode(key.units(pos), slots[pos:].copy(), node, self._tick)
+            node.children[leaf.child_key(self.page_size)] = leaf
+            self._evictable_size += leaf.num_units
+            self._num_nodes += 1
+            node = leaf
+        self._lru.push_if_evictable(node)
+        self._lru.compact(self._num_nodes)
+        return pos
+
+    def _split(self, child: TreeNode, num_units: int) -> TreeNode:
+        """Cut `child` after `num_units` units; return the new upper node. `child` becomes the lower part so
+        that references to it (requests' `last_node`) keep meaning the same path. Accounting is unchanged."""
+        parent = child.parent
+        child_key = child.child_key(self.page_size)
+        upper = TreeNode(child.key.units(0, num_units), child.value[:num_units], parent, child.last_access)
+        upper.lock_ref = child.lock_ref
+        child.key = child.key.units(num_units)
+        child.key_bytes = child.key_bytes[num_units * _TOKEN_BYTES :]
+        child.value = child.value[num_units:]
+        child.num_units -= num_units
+        child.parent = upper
+        upper.children[child.child_key(self.page_size)] = child
+        parent.children[child_key] = upper
+        self._num_nodes += 1
+        return upper
+
+    # ------------------------------------------------------------------ locks
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        path = node.path_from_root()
+        top = path[0].parent if path else node
+        if top is not self.root:
+            raise LockError(f"{node!r} is not in this tree (evicted, or from another tree)")
+        return path
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock `node`'s root path against eviction (moves newly locked units evictable -> protected).
+
+        Returns the lock id, always None for the plain tree. O(depth). Locking the root is a no-op.
+        """
+        if self.disabled:
+            return None
+        for n in self._path(node):
+            if n.lock_ref == 0:
+                self._evictable_size -= n.num_units
+                self._protected_size += n.num_units
+            n.lock_ref += 1
+        return None
+
+    def dec_lock_ref(self, node: TreeNode, lock_id: int | None = None) -> None:
+        """Undo one `inc_lock_ref(node)`. Raises LockError (tree unchanged) if some node on the path holds no
+        lock or `node` is not in the tree. `lock_id` is ignored by the plain tree."""
+        if self.disabled:
+            return
+        path = self._path(node)
+        if any(n.lock_ref <= 0 for n in path):
+            raise LockError(f"unlocking {node!r}, but its path holds no lock")
+        for n in path:
+            if n.lock_ref == 1:
+                self._evictable_size += n.num_units
+                self._protected_size -= n.num_units
+            n.lock_ref -= 1
+            self._lru.push_if_evictable(n)
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` slots by removing least-recently-used unlocked leaves (parents that
+        become leaves are candidates in the same call). Returns the slots freed: may exceed the request by
+        less than one node, or fall short when everything left is locked. O(evicted nodes * log nodes)."""
+        if self.disabled:
+            return 0
+        evicted = 0
+        while evicted < num_tokens:
+            leaf = self._lru.pop_lru()
+            if leaf is None:
+                break
+            self.allocator.free(leaf.value)
+            evicted += leaf.num_units
+            parent = leaf.parent
+            self._remove_leaf(leaf)
+            self._lru.push_if_evictable(parent)
+        return evicted
+
+    def evict_subtree(self, node: TreeNode) -> int:
+        """Drop `node` and everything below it now, freeing their slots; returns the slots freed.
+
+        Raises EvictLockedError (tree unchanged) if any of those nodes is locked, LockError if `node` is not
+        in this tree. The root means "everything". O(subtree).
+        """
+        self._path(node)
+        nodes = [node] if node is not self.root else []
+        stack = list(node.children.values())
+        while stack:
+            n = stack.pop()
+            nodes.append(n)
+            stack.extend(n.children.values())
+        locked = [n for n in nodes if n.lock_ref > 0]
+        if locked:
+            raise EvictLockedError(f"cannot evict: {len(locked)} node(s) below {node!r} are locked")
+        if nodes:
+            self.allocator.free(np.concatenate([n.value for n in nodes]))
+        for n in reversed(nodes):  # children before parents
+            parent = n.parent
+            self._remove_leaf(n)
+            self._lru.push_if_evictable(parent)
+        return sum(n.num_units for n in nodes)
+
+    def _remove_leaf(self, leaf: TreeNode) -> None:
+        del leaf.parent.children[leaf.child_key(self.page_size)]
+        self._evictable_size -= leaf.num_units
+        self._num_nodes -= 1
+        leaf.parent = None
+
+    # ------------------------------------------------------------------ debugging
+    def check_invariants(self, live_reqs=()) -> dict[str, int]:
+        """Prove the ownership rule G1/G2 and the accounting A1/A2 (see `cache.radix_invariants`)."""
+        return check_radix_invariants(self, live_reqs)
+
+    def pretty(self, max_units: int = 8) -> str:
+        """A multi-line drawing of the tree: key units, slots, lock counts."""
+        return format_tree(self.root, self.page_size, max_units)
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(page_size={self.page_size}, eagle={self.eagle}, disabled={self.disabled}, "
+            f"nodes={self._num_nodes}, evictable={self._evictable_size}, protected={self._protected_size})"
+        )
