@@ -1,0 +1,120 @@
+"""Top-k / top-p / min-p filters against the numpy reference (ties, -inf) and HF's logits warpers."""
+
+import jax
+import numpy as np
+import pytest
+import sampling_reference as ref
+
+from jaxserve.sampling import apply_filters
+
+_filters = jax.jit(apply_filters)
+
+
+def _random_params(rng, num_rows, vocab_size):
+    top_k = rng.choice([-1, 1, 2, 3, vocab_size - 1, vocab_size, vocab_size + 5], size=num_rows)
+    top_p = rng.choice([1.0, 0.95, 0.8, 0.5, 0.3, 0.05], size=num_rows)
+    min_p = rng.choice([0.0, 0.0, 0.05, 0.2, 0.6, 1.0], size=num_rows)
+    return top_k.astype(np.int32), top_p.astype(np.float32), min_p.astype(np.float32)
+
+
+def _logits_with_ties_and_neg_inf(rng, num_rows, vocab_size):
+    logits = rng.integers(-3, 4, size=(num_rows, vocab_size)).astype(np.float32) * 0.75
+    smooth = rng.random((num_rows, 1)) < 0.5
+    logits = np.where(smooth, rng.normal(size=(num_rows, vocab_size)) * 2, logits).astype(np.float32)
+    logits[rng.random((num_rows, vocab_size)) < 0.15] = -np.inf
+    logits[np.arange(num_rows), rng.integers(0, vocab_size, num_rows)] = 1.0  # never an all -inf row
+    return logits
+
+
+@pytest.mark.parametrize("vocab_size", [2, 7, 33])
+def test_filters_match_numpy_reference_with_ties_and_neg_inf(vocab_size):
+    rng = np.random.default_rng(vocab_size)
+    num_rows = 400
+    scaled = _logits_with_ties_and_neg_inf(rng, num_rows, vocab_size)
+    top_k, top_p, min_p = _random_params(rng, num_rows, vocab_size)
+    got = np.asarray(_filters(scaled, top_k, top_p, min_p))
+    num_checked = 0
+    for row in range(num_rows):
+        want = ref.keep_mask(scaled[row], top_k[row], top_p[row], min_p[row]) & (scaled[row] > -np.inf)
+        decided = ref.mask_margins(scaled[row], top_k[row], top_p[row], min_p[row]) > 1e-5
+        np.testing.assert_array_equal((got[row] > -np.inf)[decided], want[decided], err_msg=f"row {row}")
+        np.testing.assert_array_equal(got[row][want & decided], scaled[row][want & decided])
+        num_checked += decided.sum()
+    assert num_checked > 0.95 * num_rows * vocab_size
+
+
+def test_disabled_filters_return_the_logits_bit_identical():
+    rng = np.random.default_rng(0)
+    scaled = _logits_with_ties_and_neg_inf(rng, 64, 50)
+    num_rows = scaled.shape[0]
+    top_k = rng.choice([-1, 50, 1000], size=num_rows).astype(np.int32)
+    got = np.asarray(_filters(scaled, top_k, np.ones(num_rows, np.float32), np.zeros(num_rows, np.float32)))
+    np.testing.assert_array_equal(got.view(np.uint32), scaled.view(np.uint32))
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    scaled = np.array([[1.0, 3.0, 2.0, 3.0, 2.0, -np.inf]], np.float32)
+    top_p, min_p = np.ones(1, np.float32), np.zeros(1, np.float32)
+    kept = lambda k: np.asarray(_filters(scaled, np.array([k], np.int32), top_p, min_p))[0] > -np.inf
+    np.testing.assert_array_equal(kept(1), [False, True, False, True, False, False])
+    np.testing.assert_array_equal(kept(3), [False, True, True, True, True, False])
+
+
+def test_top_p_keeps_smallest_prefix_reaching_the_mass():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    scaled = np.log(probs)[None].astype(np.float32)
+    kept = lambda p: (
+        np.asarray(
+            _filters(scaled, np.array([-1], np.int32), np.array([p], np.float32), np.zeros(1, np.float32))
+        )[0]
+        > -np.inf
+    )
+    np.testing.assert_array_equal(kept(0.4), [True, False, False, False])
+    np.testing.assert_array_equal(kept(0.7), [True, True, False, False])
+    np.testing.assert_array_equal(kept(0.9), [True, True, True, False])
+    np.testing.assert_array_equal(kept(0.99), [True, True, True, True])
+
+
+def test_min_p_is_relative_to_the_top_probability():
+    scaled = np.log(np.array([[0.5, 0.3, 0.15, 0.05]])).astype(np.float32)
+    got = np.asarray(
+        _filters(scaled, np.array([-1], np.int32), np.ones(1, np.float32), np.array([0.5], np.float32))
+    )[0]
+    np.testing.assert_array_equal(got > -np.inf, [True, True, False, False])
+
+
+@pytest.mark.hf
+def test_filters_match_hf_warpers_on_tie_free_logits():
+    import torch
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    rng = np.random.default_rng(7)
+    vocab_size, num_cases = 40, 120
+    for case in range(num_cases):
+        logits = (rng.normal(size=(1, vocab_size)) * 3).astype(np.float32)
+        logits[0, rng.random(vocab_size) < 0.1] = -np.inf
+        temperature = float(rng.choice([0.3, 0.7, 1.0, 1.8]))
+        top_k = int(rng.choice([-1, 1, 4, 15, vocab_size]))
+        top_p = float(rng.choice([1.0, 0.9, 0.6, 0.2]))
+        min_p = float(rng.choice([0.0, 0.02, 0.1, 0.5]))
+
+        scores = TemperatureLogitsWarper(temperature)(None, torch.from_numpy(logits.copy()))
+        scaled = scores.numpy().copy()
+        if top_k > 0:
+            scores = TopKLogitsWarper(top_k)(None, scores)
+        if top_p < 1.0:
+            scores = TopPLogitsWarper(top_p)(None, scores)
+        if min_p > 0.0:
+            scores = MinPLogitsWarper(min_p)(None, scores)
+        got = np.asarray(
+            _filters(
+                scaled,
+                np.array([top_k], np.int32),
+                np.array([top_p], np.float32),
+                np.array([min_p], np.float32),
+            )
+        )
+        decided = ref.mask_margins(scaled[0], top_k, top_p, min_p) > 1e-5
+        hf_kept = scores.numpy()[0] > -np.inf
+        np.testing.assert_array_equal((got[0] > -np.inf)[decided], hf_kept[decided], err_msg=f"case {case}")
+        np.testing.assert_array_equal(got[0][hf_kept], scores.numpy()[0][hf_kept])
