@@ -12,6 +12,7 @@ from jaxserve.layers.attention_metadata import AttentionMetadata
 from jaxserve.layers.backends import get_backend
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
+from jaxserve.memory.kv_pool import KVPool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +22,6 @@ class AttentionConfig:
     `sliding_window`: keys per query including itself (None = full). `scale`: multiplies q.k (None =
     head_dim**-0.5). `qk_norm`: RMSNorm over head_dim on q and k before rotary (Qwen3, Gemma 3), with
     `norm_unit_offset` for Gemma's (1 + w). `sinks`: one learned logit per q head (gpt-oss).
-    `use_swa_tables`: this layer's K/V live in the swa pool group.
     """
 
     hidden_size: int
@@ -37,7 +37,6 @@ class AttentionConfig:
     sinks: bool = False
     logit_softcap: float | None = None
     scale: float | None = None
-    use_swa_tables: bool = False
     backend: str = "native"
 
     def __post_init__(self) -> None:
@@ -47,7 +46,7 @@ class AttentionConfig:
 
 
 class Attention(nnx.Module):
-    """`x [T, hidden] -> [T, hidden]`, writing this step's K/V into `pool[layer]` first (see kv_io).
+    """`x [T, hidden] -> [T, hidden]`, writing this step's K/V into layer `layer` of a pool group first.
 
     Parameters: `q_proj [hidden, H*D]`, `k_proj`/`v_proj [hidden, Hkv*D]`, `o_proj [H*D, hidden]` (+ biases
     per config), optional `q_norm`/`k_norm [D]`, optional `sinks [H]`.
@@ -72,8 +71,10 @@ class Attention(nnx.Module):
             self.sinks = nnx.Param(jnp.zeros((h,), dtype))
         get_backend(cfg.backend)  # unknown name fails at construction
 
-    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: jax.Array,
-                 layer: int) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: KVPool, layer: int, *,
+                 use_swa_tables: bool = False) -> tuple[jax.Array, KVPool]:
+        """`pool` is the group holding this layer (index `layer` in it); `use_swa_tables` when that group
+        is the swa group of a hybrid pool (its own slots and page table)."""
         cfg = self.cfg
         num_tokens = x.shape[0]
         q = self.q_proj(x).reshape(num_tokens, cfg.num_heads, cfg.head_dim)
@@ -84,7 +85,7 @@ class Attention(nnx.Module):
         if self.rotary is not None:
             q, k = self.rotary(q, meta.positions), self.rotary(k, meta.positions)
         out, pool = get_backend(cfg.backend)(
-            q, k, v, pool, layer, meta, use_swa_tables=cfg.use_swa_tables,
+            q, k, v, pool, layer, meta, use_swa_tables=use_swa_tables,
             sliding_window=cfg.sliding_window, sinks=self.sinks[...] if cfg.sinks else None,
             logit_softcap=cfg.logit_softcap, scale=cfg.scale)
         return self.o_proj(out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)), pool

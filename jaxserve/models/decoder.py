@@ -6,8 +6,8 @@ Architectures subclass `CausalLM` and adjust it through class attributes and a f
 Call contract (`CausalLM.__call__`), for a ragged step of T tokens from S sequences:
     logits, new_kv_pools, aux_hidden = model(input_ids [T] int32, meta, kv_pools, return_all_logits=False)
 - `logits`: float32 `[S, vocab]` at `meta.sample_idx`, or `[T, vocab]` with `return_all_logits`.
-- `kv_pools`: `{group: array}` per `KVLayout`; every layer writes its K/V first, then reads; the returned
-  dict replaces the input (donate it under jit).
+- `kv_pools`: a `jaxserve.memory.KVPool` or `HybridKVPool` (see `KVLayout.make_pools`); every layer
+  writes its K/V first, then reads; the returned pools replace the input (donate them under jit).
 - `aux_hidden`: `[T, len(ids) * hidden]` concatenation, in `aux_hidden_state_layer_ids` order, of the
   residual stream at the OUTPUT of each listed layer j (= the input of layer j+1, before any norm): the
   EAGLE-3 `eagle_aux_hidden_state_layer_ids` convention (SpecForge; SGLang stores j+1 and captures
@@ -16,7 +16,7 @@ Call contract (`CausalLM.__call__`), for a ragged step of T tokens from S sequen
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +29,9 @@ from jaxserve.layers.mlp import GatedMLP
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
 from jaxserve.loader.weight_spec import WeightSpec
+from jaxserve.memory.kv_pool import KVPool
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.kv_layout import SWA_GROUP, KVLayout
+from jaxserve.models.kv_layout import KVLayout, KVPools, group_pool, replace_group, route_layer
 
 
 class DecoderLayer(nnx.Module):
@@ -51,9 +52,9 @@ class DecoderLayer(nnx.Module):
             self.post_attn_norm = norm()
             self.post_mlp_norm = norm()
 
-    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: jax.Array,
-                 layer: int) -> tuple[jax.Array, jax.Array]:
-        h, pool = self.attn(self.input_norm(x), meta, pool, layer)
+    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: KVPool, layer: int, *,
+                 use_swa_tables: bool = False) -> tuple[jax.Array, KVPool]:
+        h, pool = self.attn(self.input_norm(x), meta, pool, layer, use_swa_tables=use_swa_tables)
         if self.sandwich_norms:
             h = self.post_attn_norm(h)
         x = x + h
@@ -111,7 +112,7 @@ class CausalLM(nnx.Module):
             sliding_window=cfg.window_of(layer), sinks=self.attention_sinks,
             logit_softcap=cfg.attn_logit_softcapping,
             scale=cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None,
-            use_swa_tables=self.kv_layout.layer_groups[layer][0] == SWA_GROUP, backend=self.backend)
+            backend=self.backend)
 
     def rotary(self, layer: int) -> RotaryEmbedding | None:
         cfg = self.config
@@ -176,14 +177,15 @@ class CausalLM(nnx.Module):
         logits = self.embed.attend(x) if self.config.tie_word_embeddings else self.lm_head(x)
         return soft_cap(logits.astype(jnp.float32), self.config.final_logit_softcapping)
 
-    def __call__(self, input_ids: jax.Array, meta: AttentionMetadata, kv_pools: Mapping[str, jax.Array], *,
-                 return_all_logits: bool = False) -> tuple[jax.Array, dict[str, jax.Array], jax.Array | None]:
-        pools = dict(kv_pools)
+    def __call__(self, input_ids: jax.Array, meta: AttentionMetadata, kv_pools: KVPools, *,
+                 return_all_logits: bool = False) -> tuple[jax.Array, KVPools, jax.Array | None]:
+        pools = kv_pools
         x = self.embed(input_ids)
         captured = {}
         for i, layer in enumerate(self.layers):
-            group, index = self.kv_layout.layer_groups[i]
-            x, pools[group] = layer(x, meta, pools[group], index)
+            group, index = route_layer(pools, i)
+            x, pool = layer(x, meta, group_pool(pools, group), index, use_swa_tables=group == "swa")
+            pools = replace_group(pools, group, pool)
             if i in self.aux_hidden_state_layer_ids:
                 captured[i] = x
         aux = None

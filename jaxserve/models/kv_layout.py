@@ -1,9 +1,10 @@
-"""Which KV pool group and index each layer uses.
+"""Which KV pool group each layer uses, and pool construction for a model.
 
-One group `full` when every layer has the same attention kind (Llama: none slide; Mistral: all slide, the
-window is applied by masking). Hybrid models (some layers slide, some do not) get two groups: `full` for the
-full-attention layers and `swa` for the sliding layers, each an array
-`[num_layers_in_group, num_slots, 2 * num_kv_heads, head_dim]` with its own slot numbering.
+One group (`jaxserve.memory.KVPool`) when every layer has the same attention kind (Llama: none slide;
+Mistral: all slide, the window is applied by masking). Hybrid models (some layers slide, some do not) get a
+`jaxserve.memory.HybridKVPool`: `full` for the full-attention layers and `swa` for the sliding layers, each
+`[num_layers_in_group, num_slots, 2 * num_kv_heads, head_dim]` with its own slot numbering. A hybrid model
+also runs on a single `KVPool` (every layer then reads full-group tables and masks its window).
 """
 
 from __future__ import annotations
@@ -13,49 +14,58 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxserve.layers.kv_io import storage_dtype
-from jaxserve.models.config import FULL, SLIDING, ModelConfig
+from jaxserve.memory.hybrid_pool import HybridKVPool, make_hybrid_kv_pool
+from jaxserve.memory.kv_pool import KVPool, make_kv_pool
+from jaxserve.models.config import SLIDING, ModelConfig
 
-FULL_GROUP = "full"
-SWA_GROUP = "swa"
+KVPools = KVPool | HybridKVPool
 
 
 @dataclasses.dataclass(frozen=True)
 class KVLayout:
-    """`layer_groups[i] = (group, index_in_group)`; `group_num_layers[g]` layers per group (ordered)."""
+    """`swa_layer_ids`: layers placed in the swa group (empty unless the model is hybrid)."""
 
-    layer_groups: tuple[tuple[str, int], ...]
-    group_num_layers: tuple[tuple[str, int], ...]
+    num_layers: int
+    swa_layer_ids: tuple[int, ...]
     num_kv_heads: int
     head_dim: int
 
     @property
-    def groups(self) -> tuple[str, ...]:
-        return tuple(g for g, _ in self.group_num_layers)
-
-    @property
     def hybrid(self) -> bool:
-        """True when sliding layers live in their own `swa` group (metadata must carry swa tables)."""
-        return SWA_GROUP in self.groups
-
-    def pool_shape(self, group: str, num_slots: int) -> tuple[int, int, int, int]:
-        return (dict(self.group_num_layers)[group], num_slots, 2 * self.num_kv_heads, self.head_dim)
+        """True when sliding layers get their own `swa` group (metadata must then carry swa tables)."""
+        return bool(self.swa_layer_ids)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> KVLayout:
-        hybrid = FULL in cfg.layer_types and SLIDING in cfg.layer_types
-        counts: dict[str, int] = {}
-        layer_groups = []
-        for layer_type in cfg.layer_types:
-            group = SWA_GROUP if hybrid and layer_type == SLIDING else FULL_GROUP
-            layer_groups.append((group, counts.get(group, 0)))
-            counts[group] = counts.get(group, 0) + 1
-        order = [g for g in (FULL_GROUP, SWA_GROUP) if g in counts]
-        return cls(tuple(layer_groups), tuple((g, counts[g]) for g in order), cfg.num_kv_heads, cfg.head_dim)
+        sliding = tuple(i for i, t in enumerate(cfg.layer_types) if t == SLIDING)
+        hybrid = 0 < len(sliding) < cfg.num_layers
+        return cls(cfg.num_layers, sliding if hybrid else (), cfg.num_kv_heads, cfg.head_dim)
+
+    def make_pools(self, num_pages: int, page_size: int, dtype: jnp.dtype = jnp.bfloat16, *,
+                   swa_num_pages: int | None = None) -> KVPools:
+        """Zero-filled pools: a `KVPool` of `num_pages` pages, or for a hybrid layout a `HybridKVPool` with
+        `num_pages` full pages and `swa_num_pages` (default `num_pages`) swa pages; page 0 is reserved."""
+        if not self.hybrid:
+            return make_kv_pool(self.num_layers, num_pages, page_size, self.num_kv_heads, self.head_dim,
+                                dtype)
+        return make_hybrid_kv_pool(self.swa_layer_ids, self.num_layers, num_pages,
+                                   swa_num_pages or num_pages, page_size, self.num_kv_heads,
+                                   self.head_dim, dtype)
 
 
-def zeros_kv_pools(layout: KVLayout, num_slots: dict[str, int], kv_dtype: jnp.dtype) -> dict[str, jax.Array]:
-    """Zero-filled pools `{group: array}` (bf16 K/V stored as uint16); `num_slots[g]` includes the reserved
-    page 0. A convenience for tests and tools; the engine's pools come from `jaxserve.memory`."""
-    dtype = storage_dtype(kv_dtype)
-    return {g: jnp.zeros(layout.pool_shape(g, num_slots[g]), dtype) for g in layout.groups}
+def route_layer(pools: KVPools, layer: int) -> tuple[str, int]:
+    """`(group, index_in_group)` of model layer `layer` in `pools` (group "full" or "swa")."""
+    return pools.group_of(layer) if isinstance(pools, HybridKVPool) else ("full", layer)
+
+
+def group_pool(pools: KVPools, group: str) -> KVPool:
+    return getattr(pools, group) if isinstance(pools, HybridKVPool) else pools
+
+
+def replace_group(pools: KVPools, group: str, pool: KVPool) -> KVPools:
+    return pools.replace(**{group: pool}) if isinstance(pools, HybridKVPool) else pool
+
+
+def pool_arrays(pools: KVPools) -> list[jax.Array]:
+    """The device arrays of `pools` (for tests that check donation)."""
+    return jax.tree.leaves(pools)

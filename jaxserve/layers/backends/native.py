@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxserve.layers.attention_metadata import AttentionMetadata
 from jaxserve.layers.backends import register_backend
-from jaxserve.layers.kv_io import read_kv, write_kv
+from jaxserve.memory.kv_pool import KVPool, read_kv, write_kv
 
 _MASKED = -1e30  # finite, so a row with no visible key gives zeros rather than NaN
 
@@ -37,11 +37,12 @@ def visibility_mask(meta: AttentionMetadata, sliding_window: int | None) -> jax.
 
 @register_backend("native")
 def paged_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, pool: jax.Array, layer: int, meta: AttentionMetadata, *,
+    q: jax.Array, k: jax.Array, v: jax.Array, pool: KVPool, layer: int, meta: AttentionMetadata, *,
     use_swa_tables: bool = False, sliding_window: int | None = None, sinks: jax.Array | None = None,
     logit_softcap: float | None = None, scale: float | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Write `k, v [T, kv_heads, D]` into `pool[layer]`, then attend `q [T, q_heads, D]` over the cache.
+) -> tuple[jax.Array, KVPool]:
+    """Write `k, v [T, kv_heads, D]` into layer `layer` of the pool group `pool`, then attend
+    `q [T, q_heads, D]` over the cache (the write comes first: reading the old pool would force a copy).
 
     `use_swa_tables` selects the swa group's write slots and page table. `sinks [q_heads]` are per-head
     logits added to the softmax denominator only. Scores are `scale * q.k` (default D**-0.5), soft-capped
@@ -55,10 +56,13 @@ def paged_attention(
     table = meta.swa_page_table if use_swa_tables else meta.page_table
     if slots_new is None or table is None:
         raise ValueError("use_swa_tables=True but the metadata has no swa_write_slots/swa_page_table")
+    if pool.page_size != meta.page_size:
+        raise ValueError(f"KV pool page_size {pool.page_size} != metadata page_size {meta.page_size}")
 
-    pool = write_kv(pool, layer, slots_new, k, v)  # write first: see jaxserve.layers.kv_io
+    pool = write_kv(pool, layer, slots_new, k, v)
     token_slots = key_slots(table, meta.page_size)[meta.seq_ids]  # [T, K]
     keys, values = read_kv(pool, layer, token_slots)  # [T, K, kv_heads, D]
+    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
 
     scale = head_dim ** -0.5 if scale is None else scale
     qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
