@@ -1,0 +1,90 @@
+"""build_sampling_batch packs rows and neutral padding; seeds map to threefry keys as documented."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxserve.sampling import (
+    NO_PENALTY_ROW,
+    SamplingParams,
+    SamplingRow,
+    SeedSource,
+    build_sampling_batch,
+    row_keys,
+    seed_words,
+)
+
+
+def test_rows_are_packed_in_order_and_padding_is_neutral_greedy():
+    rows = [
+        SamplingRow(SamplingParams(temperature=0.5, top_k=7, top_p=0.9, min_p=0.1), seed=3, num_generated=4),
+        SamplingRow(
+            SamplingParams(temperature=1e-7, repetition_penalty=1.2), seed=-1, num_generated=0, penalty_row=5
+        ),
+    ]
+    batch = build_sampling_batch(rows, 4)
+    assert batch.num_rows == 4
+    np.testing.assert_array_equal(batch.temperatures, np.array([0.5, 0.0, 0.0, 0.0], np.float32))
+    np.testing.assert_array_equal(batch.top_k, [7, -1, -1, -1])
+    np.testing.assert_array_equal(batch.top_p, np.array([0.9, 1, 1, 1], np.float32))
+    np.testing.assert_array_equal(batch.min_p, np.array([0.1, 0, 0, 0], np.float32))
+    np.testing.assert_array_equal(batch.repetition_penalty, np.array([1, 1.2, 1, 1], np.float32))
+    np.testing.assert_array_equal(batch.frequency_penalty, 0)
+    np.testing.assert_array_equal(batch.presence_penalty, 0)
+    np.testing.assert_array_equal(batch.num_generated, [4, 0, 0, 0])
+    np.testing.assert_array_equal(batch.penalty_rows, [NO_PENALTY_ROW, 5, NO_PENALTY_ROW, NO_PENALTY_ROW])
+    np.testing.assert_array_equal(batch.seed_words, [[0, 3], [0xFFFFFFFF, 0xFFFFFFFF], [0, 0], [0, 0]])
+    dtypes = {
+        name: getattr(batch, name).dtype for name in ("temperatures", "top_k", "seed_words", "penalty_rows")
+    }
+    assert dtypes == {
+        "temperatures": np.float32,
+        "top_k": np.int32,
+        "seed_words": np.uint32,
+        "penalty_rows": np.int32,
+    }
+
+
+def test_huge_top_k_is_clamped_to_int32():
+    batch = build_sampling_batch([SamplingRow(SamplingParams(top_k=1 << 40), 0, 0)], 1)
+    assert batch.top_k[0] == np.iinfo(np.int32).max
+
+
+def test_too_many_rows_or_negative_num_generated_raise():
+    row = SamplingRow(SamplingParams(), 0, 0)
+    with pytest.raises(ValueError, match="3 sampling rows do not fit the bucket of 2 rows"):
+        build_sampling_batch([row] * 3, 2)
+    with pytest.raises(ValueError, match="num_generated"):
+        build_sampling_batch([SamplingRow(SamplingParams(), 0, -1)], 2)
+
+
+def test_seed_words_split_64_bits_high_then_low():
+    np.testing.assert_array_equal(
+        seed_words([0, 1, (5 << 32) | 9, -2, 1 << 64]),
+        [[0, 0], [0, 1], [5, 9], [0xFFFFFFFF, 0xFFFFFFFE], [0, 0]],
+    )
+
+
+def test_row_key_is_fold_in_of_the_seed_key_and_num_generated():
+    rows = [
+        SamplingRow(SamplingParams(), seed=42, num_generated=7),
+        SamplingRow(SamplingParams(), 5 << 32, 0),
+    ]
+    keys = jax.random.key_data(row_keys(build_sampling_batch(rows, 2)))
+    want0 = jax.random.key_data(jax.random.fold_in(jax.random.PRNGKey(42), 7))
+    np.testing.assert_array_equal(keys[0], want0)
+    want1 = jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(np.array([5, 0], np.uint32)), 0))
+    np.testing.assert_array_equal(keys[1], want1)
+
+
+def test_seed_source_is_repeatable_distinct_and_respects_explicit_seeds():
+    source = SeedSource(base_seed=9)
+    seeds = [source.next_seed() for _ in range(1000)]
+    assert SeedSource(base_seed=9).next_seed() == seeds[0] and len(set(seeds)) == 1000
+    assert all(0 <= seed < 1 << 64 for seed in seeds)
+    assert SeedSource(base_seed=10).next_seed() != seeds[0]
+    assert source.seed_for(SamplingParams(seed=77)) == 77
+    replay = SeedSource(base_seed=9)
+    for _ in range(1000):
+        replay.next_seed()
+    assert source.seed_for(SamplingParams()) == replay.next_seed()
