@@ -1,0 +1,506 @@
+"""The hybrid prefix tree for models that mix full-attention and sliding-window (SWA) layers.
+
+Every node holds full-attention slots; the allocator maps each full slot to an SWA slot that holds the SWA
+layers' KV of the same position. SWA memory is scarcer, so SWA eviction may *tombstone* an interior node:
+its SWA KV is freed (mapping -> 0) while its full KV stays. A prefix is reusable only if the SWA layers still
+see a whole window of history before the first new token, hence the sliding-window match rule (§11):
+a match may end at node N only if the path root..N has no tombstone, or the live nodes after its last
+tombstone hold at least `sliding_window` units; otherwise it falls back to just before that tombstone.
+
+Behaviour follows SGLang 0.5.3.post1's `SWARadixCache` with PR #11231 (EAGLE bigram keys; reference doc
+§10-§15): two intrusive LRU lists (full: all nodes, SWA: live nodes) ordered so that ancestors are older than
+the descendants on a touched path (SWA eviction tombstones root-side nodes first), `insert` frees the caller's
+duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps, swa_uuid locks, and the
+two-phase `evict(full_num_tokens, swa_num_tokens)` in `cache.swa_eviction`.
+
+Units: lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (a key of `n` tokens has `n - 1`
+units, unit `i` holding the slot of token `i`). Slots are *full* slot ids; `page_size = P > 1` makes every
+node whole pages and floors matches to pages. The window `sliding_window` is in units too.
+
+Deliberate differences from SGLang (each keeps the ownership rule G1/G2 where SGLang breaks it, §23):
+- Tombstone revival keeps the node's full slots and moves the caller's fresh SWA slots behind them
+  (`allocator.move_swa`), then frees the caller's now redundant full slots. SGLang 0.5.3.post1 instead freed
+  the node's old full slots, which a live request beyond its window may still read (§23.2). Matched lengths
+  and accounting are the same.
+- `insert` never frees a caller slot equal to the node's own slot at that position (a caller that passes back
+  slots it matched, with `prev_prefix_len=0`, loses nothing); revival needs slots that all differ.
+- A tombstone partly below `prev_prefix_len` is split there and only the part at or beyond it is revived.
+- Keys are immutable (no in-place bigram conversion, §22.3); `reset` frees the tree's slots; bad input raises
+  before anything changes; the match rule resets its window counter at every tombstone (as later SGLang).
+Not thread-safe: one scheduler thread owns the tree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import count
+
+import numpy as np
+
+from cache.allocator import SWASlotAllocator
+from cache.errors import EvictLockedError, ExtraKeyMismatchError, LockError, ValueLengthError
+from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned
+from cache.lru_list import LRUList
+from cache.match import MatchResult, common_units
+from cache.node import _TOKEN_BYTES, child_key_of
+from cache.slots import as_slot_array, check_slots
+from cache.swa_eviction import evict_swa_tree
+from cache.swa_invariants import check_swa_invariants
+from cache.swa_node import SWANode
+from cache.swa_pretty import format_swa_tree
+from cache.swa_requests import SWARequestOps
+
+_EMPTY_SLOTS = np.zeros(0, SLOT_DTYPE)
+_EMPTY_SLOTS.flags.writeable = False
+_swa_uuids = count(1)
+
+
+class SWARadixCache(SWARequestOps):
+    """Host-side hybrid prefix tree (full + sliding-window KV). See the module docstring.
+
+    `allocator` implements `SWASlotAllocator` with the same `page_size`. `sliding_window` (units, >= 1) is the
+    SWA layers' window. `disabled=True` keeps the API but caches nothing (request operations free directly).
+    """
+
+    def __init__(
+        self,
+        allocator: SWASlotAllocator,
+        *,
+        sliding_window: int,
+        page_size: int = 1,
+        eagle: bool = False,
+        disabled: bool = False,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 unit, got {sliding_window}")
+        if allocator.page_size != page_size:
+            raise ValueError(f"allocator has page_size={allocator.page_size}, the tree {page_size}")
+        self.allocator = allocator
+        self.sliding_window = int(sliding_window)
+        self.page_size = page_size
+        self.eagle = bool(eagle)
+        self.disabled = bool(disabled)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.root = SWANode(RadixKey(np.zeros(0, np.int64), self.eagle), _EMPTY_SLOTS, None)
+        self.root.full_lock_ref = self.root.swa_lock_ref = 1  # never evicted (G3), in no LRU list
+        self.full_lru = LRUList()  # every non-root node (S2)
+        self.swa_lru = LRUList()  # every non-root live (non-tombstone) node (S3)
+        self._full_evictable = self._swa_evictable = 0
+        self._full_protected = self._swa_protected = 0
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def full_evictable_size(self) -> int:
+        """Units (= full slots) held by nodes with `full_lock_ref == 0`."""
+        return self._full_evictable
+
+    @property
+    def full_protected_size(self) -> int:
+        """Units (= full slots) held by nodes with `full_lock_ref > 0`."""
+        return self._full_protected
+
+    @property
+    def swa_evictable_size(self) -> int:
+        """Units (= SWA slots) held by live (non-tombstone) nodes with `swa_lock_ref == 0`."""
+        return self._swa_evictable
+
+    @property
+    def swa_protected_size(self) -> int:
+        """Units (= SWA slots) held by live nodes with `swa_lock_ref > 0`."""
+        return self._swa_protected
+
+    @property
+    def num_nodes(self) -> int:
+        """Non-root nodes in the tree (tombstones included)."""
+        return len(self.full_lru)
+
+    def total_size(self) -> int:
+        """Full slots held by the whole tree (tombstones included). O(nodes); for tests and debugging."""
+        return sum(node.num_units for node in self.iter_nodes())
+
+    def total_swa_size(self) -> int:
+        """SWA slots held by the tree: units of live (non-tombstone) nodes. O(nodes)."""
+        return sum(node.num_units for node in self.iter_nodes() if not node.tombstone)
+
+    def iter_nodes(self) -> Iterator[SWANode]:
+        """Every non-root node, parents before children (O(nodes))."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def reset(self) -> None:
+        """Drop every node and free its slots (full, and SWA where live). Raises EvictLockedError (tree
+        unchanged) while any request holds a lock."""
+        nodes = list(self.iter_nodes())
+        locked = sum(1 for n in nodes if n.full_lock_ref > 0)
+        if locked:
+            raise EvictLockedError(f"reset with {locked} locked nodes; release the live requests first")
+        if nodes:
+            self.allocator.free(np.concatenate([n.value for n in nodes]))
+        for node in nodes:
+            node.parent = None
+        self._clear()
+
+    # ------------------------------------------------------------------ keys
+    def make_key(
+        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None
+    ) -> RadixKey:
+        """The tree's view of `token_ids`: validated, bigram when `eagle` (idempotent), in `extra_key`'s
+        namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
+        if isinstance(token_ids, RadixKey):
+            if extra_key is not None and token_ids.extra_key != extra_key:
+                raise ExtraKeyMismatchError(
+                    f"key has extra_key {token_ids.extra_key!r}, call passed {extra_key!r}"
+                )
+            if token_ids.bigram and not self.eagle:
+                raise ValueError("a bigram key was passed to a tree built with eagle=False")
+            return token_ids.as_bigram() if self.eagle else token_ids
+        return RadixKey.of(token_ids, bigram=self.eagle, extra_key=extra_key)
+
+    def _child_key(self, token_bytes: bytes, pos: int, extra_key: Hashable | None) -> Hashable:
+        return child_key_of(token_bytes[pos * _TOKEN_BYTES :], self.page_size, self.eagle, extra_key)
+
+    # ------------------------------------------------------------------ LRU helpers
+    def _touch(self, node: SWANode) -> None:
+        """Move one node to the MRU end of the full list, and of the SWA list when live."""
+        self.full_lru.move_to_mru(node.full_link)
+        if not node.tombstone:
+            self.swa_lru.move_to_mru(node.swa_link)
+
+    def _touch_path(self, node: SWANode) -> None:
+        """Make `node` and its ancestors the most recent members, `node` first and each parent right after
+        its child, so that root-side nodes are evicted first (SWA list: live nodes only). O(depth)."""
+        full_anchor = swa_anchor = None
+        while node is not self.root:
+            self.full_lru.move_after(full_anchor, node.full_link)
+            full_anchor = node.full_link
+            if not node.tombstone:
+                self.swa_lru.move_after(swa_anchor, node.swa_link)
+                swa_anchor = node.swa_link
+            node = node.parent
+
+    # ------------------------------------------------------------------ match
+    def match_prefix(
+        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None
+    ) -> MatchResult:
+        """Longest cached prefix that obeys the sliding-window rule, floored to pages: its slots (a fresh
+        array, still owned by the tree) and deepest node.
+
+        Splits the node where the walk ends inside one (even when the window rule then answers shorter),
+        refreshes the LRU order of the answer's path; never frees or allocates. Under EAGLE a key of n
+        tokens matches at most n - 1 slots. Cost: O(nodes visited) plus C-speed compares of matched tokens.
+        """
+        key = self.make_key(token_ids, extra_key)
+        num_units = len(key) - len(key) % self.page_size
+        if self.disabled or num_units == 0:
+            return MatchResult(_EMPTY_SLOTS.copy(), self.root)
+        tokens = key.tokens[: num_units + self.eagle]
+        token_bytes = tokens.tobytes()
+        window = self.sliding_window
+        node, pos, values = self.root, 0, []
+        since = math.inf  # live units since the last tombstone on the path; inf while there is none
+        best_len, best_node = 0, self.root  # the answer so far: number of `values` chunks, and its node
+        while pos < num_units:
+            child = node.children.get(self._child_key(token_bytes, pos, key.extra_key))
+            if child is None:
+                break
+            if child.tombstone:
+                if since >= window:
+                    best_len, best_node = len(values), node
+                since = 0
+            m = common_units(child, tokens, token_bytes, pos, num_units, self.eagle, self.page_size)
+            ends_inside = m < child.num_units
+            if ends_inside:
+                child = self._split(child, m)
+            values.append(child.value)
+            if not child.tombstone:
+                since += m
+            node, pos = child, pos + m
+            if ends_inside:
+                break
+        if since >= window:
+            best_len, best_node = len(values), node
+        self._touch_path(best_node)
+        slots = np.concatenate(values[:best_len]) if best_len else _EMPTY_SLOTS.copy()
+        return MatchResult(slots, best_node)
+
+    # ------------------------------------------------------------------ insert
+    def insert(
+        self,
+        token_ids: Sequence[int] | np.ndarray | RadixKey,
+        slots: Sequence[int] | np.ndarray,
+        extra_key: Hashable | None = None,
+        *,
+        prev_prefix_len: int = 0,
+    ) -> int:
+        """Cache `slots` under the key; return how many leading units were already in the tree.
+
+        Ownership: `slots[:prev_prefix_len]` (floored to pages) are the tree's own, matched earlier; the
+        rest are the caller's, with their SWA slots mapped. For each unit the tree already holds, the caller's
+        slot is a duplicate and is freed here (full + SWA), unless it is the node's own slot. A tombstone
+        overlapped beyond `prev_prefix_len` is revived: it keeps its full slots, takes over the caller's SWA
+        slots, and the caller's full slots there are freed. New units become a leaf that takes the caller's
+        slots. Under EAGLE, slots beyond the key's units (R4) are neither stored nor freed: the caller frees
+        them. The key must be whole pages; `slots` one per unit (one more allowed under EAGLE), whole ordered
+        pages.
+        Bad input raises before any change. Disabled tree: stores and frees nothing, returns 0.
+        """
+        key = self.make_key(token_ids, extra_key)
+        slots = as_slot_array(slots)
+        num_units = len(key)
+        check_page_aligned(num_units, self.page_size, "inserted key")
+        if slots.shape[0] != num_units and not (self.eagle and slots.shape[0] == key.num_tokens):
+            raise ValueLengthError(
+                f"key has {num_units} units ({key.num_tokens} tokens) but {slots.shape[0]} slots were given"
+            )
+        slots = slots[:num_units]
+        check_slots(slots, self.page_size)
+        if prev_prefix_len < 0:
+            raise ValueError(f"prev_prefix_len must be >= 0, got {prev_prefix_len}")
+        if self.disabled or num_units == 0:
+            return 0
+        prev = prev_prefix_len - prev_prefix_len % self.page_size
+        tokens, token_bytes = key.tokens, key.tokens.tobytes()
+        node, pos, to_free = self.root, 0, []
+        while pos < num_units:
+            child = node.children.get(self._child_key(token_bytes, pos, key.extra_key))
+            if child is None:
+                break
+            self._touch(child)
+            m = common_units(child, tokens, token_bytes, pos, num_units, self.eagle, self.page_size)
+            if m < child.num_units:
+                child = self._split(child, m)
+            if prev < pos + m:
+                first = max(prev - pos, 0)
+                if child.tombstone and first:
+                    node, pos, m = self._split(child, first), prev, m - first  # revive only from `prev` on
+                    first = 0
+                self._overlap(child, slots[pos + first : pos + m], first, to_free)
+            node, pos = child, pos + m
+        num_cached = pos
+        if pos < num_units:
+            self._add_leaf(node, key.units(pos), slots[pos:num_units].copy())
+        if to_free:
+            self.allocator.free(np.concatenate(to_free))
+        return num_cached
+
+    def _overlap(self, node: SWANode, fresh: np.ndarray, first: int, to_free: list[np.ndarray]) -> None:
+        """The caller computed units `node.value[first:]` again, into `fresh`: revive or free duplicates."""
+        differ = fresh != node.value[first:]
+        if node.tombstone and first == 0 and differ.all():
+            self.allocator.move_swa(fresh, node.value)
+            to_free.append(fresh)  # now unmapped: frees full slots only
+            node.tombstone = False
+            self.swa_lru.push_mru(node.swa_link)
+            self._swa_evictable += node.num_units  # a tombstone holds no SWA lock (S5)
+        elif differ.any():
+            to_free.append(fresh[differ])
+
+    def _add_leaf(self, parent: SWANode, key: RadixKey, value: np.ndarray) -> SWANode:
+        leaf = SWANode(key, value, parent)
+        parent.children[leaf.child_key(self.page_size)] = leaf
+        self.full_lru.push_mru(leaf.full_link)
+        self.swa_lru.push_mru(leaf.swa_link)
+        self._full_evictable += leaf.num_units
+        self._swa_evictable += leaf.num_units
+        return leaf
+
+    def _split(self, child: SWANode, num_units: int) -> SWANode:
+        """Cut `child` after `num_units` units; return the new upper node. `child` stays the lower part (so a
+        request's `last_node` keeps meaning the same path). Both halves keep the lock counts and the tombstone
+        flag; the swa_uuid moves up (§13). Accounting is unchanged. LRU: upper, then child, become MRU."""
+        parent = child.parent
+        old_child_key = child.child_key(self.page_size)
+        upper = SWANode(child.key.units(0, num_units), child.value[:num_units], parent, child.tombstone)
+        upper.full_lock_ref, upper.swa_lock_ref = child.full_lock_ref, child.swa_lock_ref
+        upper.swa_uuid, child.swa_uuid = child.swa_uuid, None
+        child.key = child.key.units(num_units)
+        child.key_bytes = child.key_bytes[num_units * _TOKEN_BYTES :]
+        child.value = child.value[num_units:]
+        child.parent = upper
+        upper.children[child.child_key(self.page_size)] = child
+        parent.children[old_child_key] = upper
+        self.full_lru.remove(child.full_link)
+        self.full_lru.push_mru(upper.full_link)
+        self.full_lru.push_mru(child.full_link)
+        if not child.tombstone:
+            self.swa_lru.remove(child.swa_link)
+            self.swa_lru.push_mru(upper.swa_link)
+            self.swa_lru.push_mru(child.swa_link)
+        return upper
+
+    # ------------------------------------------------------------------ locks
+    def _path(self, node: SWANode) -> list[SWANode]:
+        path = node.path_from_root()
+        top = path[0].parent if path else node
+        if top is not self.root:
+            raise LockError(f"{node!r} is not in this tree (evicted, or from another tree)")
+        return path
+
+    def _swa_lock_span(self, path: list[SWANode]) -> int:
+        """How many nodes, from the bottom of `path`, an `inc_lock_ref` SWA-locks: up to and including the
+        one where the running sum of units reaches the window (all of them if it never does)."""
+        covered = 0
+        for depth, node in enumerate(reversed(path), 1):
+            covered += node.num_units
+            if covered >= self.sliding_window:
+                return depth
+        return len(path)
+
+    def inc_lock_ref(self, node: SWANode) -> int | None:
+        """Lock `node`'s root path against full eviction and its last `sliding_window` units (whole nodes)
+        against SWA eviction. Returns the lock id (the swa_uuid of the node where SWA coverage reached the
+        window, or None when the path is shorter than the window); pass it to `dec_lock_ref`. O(depth).
+
+        Raises LockError (tree unchanged) if a node to be SWA-locked is a tombstone or `node` is not in the
+        tree. Locking the root is a no-op. Disabled tree: returns None.
+        """
+        if self.disabled:
+            return None
+        path = self._path(node)
+        span = self._swa_lock_span(path)
+        swa_part = path[len(path) - span :]
+        if any(n.tombstone for n in swa_part):
+            raise LockError(f"cannot lock {node!r}: its last {self.sliding_window} units include a tombstone")
+        for n in path[: len(path) - span]:
+            self._lock_full(n)
+        for n in swa_part:
+            self._lock_full(n)
+            if n.swa_lock_ref == 0:
+                self._swa_evictable -= n.num_units
+                self._swa_protected += n.num_units
+            n.swa_lock_ref += 1
+        if not swa_part or sum(n.num_units for n in swa_part) < self.sliding_window:
+            return None
+        top = swa_part[0]
+        if top.swa_uuid is None:
+            top.swa_uuid = next(_swa_uuids)
+        return top.swa_uuid
+
+    def _lock_full(self, n: SWANode) -> None:
+        if n.full_lock_ref == 0:
+            self._full_evictable -= n.num_units
+            self._full_protected += n.num_units
+        n.full_lock_ref += 1
+
+    def dec_lock_ref(self, node: SWANode, lock_id: int | None = None) -> None:
+        """Undo one `inc_lock_ref(node)` that returned `lock_id`: full-unlock the root path, SWA-unlock from
+        `node` up to and including the node whose swa_uuid is `lock_id` (to the root when None).
+
+        Raises LockError (tree unchanged) if a node on the path holds no such lock, `lock_id` is not on the
+        path, or `node` is not in the tree. Disabled tree: no-op.
+        """
+        if self.disabled:
+            return
+        path = self._path(node)
+        if lock_id is None:
+            span = len(path)
+        else:
+            span = next((d for d, n in enumerate(reversed(path), 1) if n.swa_uuid == lock_id), 0)
+            if not span:
+                raise LockError(f"lock id {lock_id} is not on the path of {node!r}")
+        swa_part = path[len(path) - span :]
+        no_full = any(n.full_lock_ref <= 0 for n in path)
+        if no_full or any(n.swa_lock_ref <= 0 or n.tombstone for n in swa_part):
+            raise LockError(f"unlocking {node!r} (lock id {lock_id}), but its path does not hold that lock")
+        for n in path:
+            if n.full_lock_ref == 1:
+                self._full_evictable += n.num_units
+                self._full_protected -= n.num_units
+            n.full_lock_ref -= 1
+        for n in swa_part:
+            if n.swa_lock_ref == 1:
+                self._swa_evictable += n.num_units
+                self._swa_protected -= n.num_units
+            n.swa_lock_ref -= 1
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, full_num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
+        """Free at least `full_num_tokens` full slots, then, if phase 1 freed fewer than `swa_num_tokens` SWA
+        slots, SWA slots by tombstoning. Returns `(full_freed, swa_freed)`; may over-shoot by a node, or fall
+        short when the rest is locked. See `cache.swa_eviction` for the phases. Disabled tree: (0, 0)."""
+        if self.disabled:
+            return 0, 0
+        return evict_swa_tree(self, full_num_tokens, swa_num_tokens)
+
+    def evict_subtree(self, node: SWANode) -> int:
+        """Drop `node` and everything below it now, freeing their slots; returns the full slots freed.
+
+        Raises EvictLockedError (tree unchanged) if any of those nodes is full-locked, LockError if `node` is
+        not in this tree. The root means "everything". A parent tombstone left without children is dropped
+        too (S4). O(subtree).
+        """
+        self._path(node)
+        top_parent = node.parent if node is not self.root else None
+        nodes = [node] if node is not self.root else []
+        stack = list(node.children.values())
+        while stack:
+            n = stack.pop()
+            nodes.append(n)
+            stack.extend(n.children.values())
+        locked = sum(1 for n in nodes if n.full_lock_ref > 0)
+        if locked:
+            raise EvictLockedError(f"cannot evict: {locked} node(s) at or below {node!r} are locked")
+        to_free = [n.value for n in nodes]
+        for n in reversed(nodes):  # children before parents
+            self._remove_leaf(n)
+        if top_parent is not None:
+            to_free.extend(self._drop_tombstone_parents(top_parent)[0])
+        freed = sum(v.shape[0] for v in to_free)
+        if to_free:
+            self.allocator.free(np.concatenate(to_free))
+        return freed
+
+    def _remove_leaf(self, leaf: SWANode) -> None:
+        """Unlink a childless node from the tree and both lists, with its accounting (no freeing)."""
+        parent = leaf.parent
+        del parent.children[leaf.child_key(self.page_size)]
+        self.full_lru.remove(leaf.full_link)
+        self._full_evictable -= leaf.num_units
+        if not leaf.tombstone:
+            self.swa_lru.remove(leaf.swa_link)
+            self._swa_evictable -= leaf.num_units
+        leaf.parent = None
+
+    def _drop_tombstone_parents(self, parent: SWANode) -> tuple[list[np.ndarray], SWANode]:
+        """Cascade (S4): remove `parent` and its ancestors while each is an unlocked, childless tombstone.
+        Returns their full slot arrays, for the caller to free (their SWA side is already gone), and the
+        deepest ancestor left in the tree."""
+        dropped = []
+        root = self.root
+        while parent is not root and parent.tombstone and not parent.children and not parent.full_lock_ref:
+            grand = parent.parent
+            dropped.append(parent.value)
+            self._remove_leaf(parent)
+            parent = grand
+        return dropped, parent
+
+    def _tombstone(self, node: SWANode) -> None:
+        """Mark a live, SWA-unlocked interior node as a tombstone (the caller frees its SWA slots)."""
+        self.swa_lru.remove(node.swa_link)
+        node.tombstone = True
+        self._swa_evictable -= node.num_units
+
+    # ------------------------------------------------------------------ debugging
+    def check_invariants(self, live_reqs=()) -> dict[str, int]:
+        """Prove G1/G2 on the full and SWA sides, S1-S7 and the accounting (see `cache.swa_invariants`)."""
+        return check_swa_invariants(self, live_reqs)
+
+    def pretty(self, max_units: int = 8) -> str:
+        """A multi-line drawing of the tree: key units, slots, lock counts, tombstones (T) and swa_uuids."""
+        return format_swa_tree(self, max_units)
+
+    def __repr__(self) -> str:
+        return (
+            f"SWARadixCache(sliding_window={self.sliding_window}, page_size={self.page_size}, "
+            f"eagle={self.eagle}, disabled={self.disabled}, nodes={self.num_nodes}, "
+            f"full_evictable={self._full_evictable}, full_protected={self._full_protected}, "
+            f"swa_evictable={self._swa_evictable}, swa_protected={self._swa_protected})"
+        )
