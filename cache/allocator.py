@@ -40,6 +40,12 @@ class SWASlotAllocator(SlotAllocator, Protocol):
     def free_swa(self, slots: np.ndarray) -> None:
         """Free the SWA slots mapped from these full slots; unmapped (0) entries are skipped."""
 
+    def move_swa(self, from_slots: np.ndarray, to_slots: np.ndarray) -> None:
+        """Re-point the SWA slots mapped behind `from_slots` to `to_slots` (unmapped full slots; equal length,
+        whole ordered pages, position by position) and unmap `from_slots`. The SWA tree uses it to revive a
+        tombstone: the node keeps its full slots (a live request may read them) and adopts the caller's fresh
+        SWA KV; the caller's full slots are then freed (full side only)."""
+
     def swa_slots_of(self, slots: np.ndarray) -> np.ndarray:
         """The SWA slot of each full slot (0 where none is mapped)."""
 

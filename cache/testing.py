@@ -98,6 +98,16 @@ class CheckedSWAAllocator:
     def page_size(self) -> int:
         return self.full.page_size
 
+    @property
+    def num_pages(self) -> int:
+        """Allocatable full pages (page 0 excluded)."""
+        return self.full.num_pages
+
+    @property
+    def num_swa_pages(self) -> int:
+        """Allocatable SWA pages (page 0 excluded)."""
+        return self.swa.num_pages
+
     def reset(self) -> None:
         self.full.reset()
         self.swa.reset()
@@ -133,6 +143,23 @@ class CheckedSWAAllocator:
             p = self.page_size
             self.swa.free(swa_pages[live] * p)
         self._page_map[pages] = 0
+
+    def move_swa(self, from_slots: np.ndarray, to_slots: np.ndarray) -> None:
+        """Re-point the SWA pages mapped behind `from_slots` to `to_slots`, position by position (both whole,
+        ordered pages of equal length); `from_slots` end unmapped. Raises ValueError, changing nothing, if a
+        `from` page maps no SWA page or a `to` page already maps one (that SWA page would leak)."""
+        p = self.page_size
+        src = np.asarray(from_slots, dtype=SLOT_DTYPE).reshape(-1)
+        dst = np.asarray(to_slots, dtype=SLOT_DTYPE).reshape(-1)
+        if src.shape != dst.shape or src.size % p:
+            raise ValueError(f"move_swa needs equal whole pages, got {src.size} and {dst.size} slots")
+        self.full._pages_of(src)  # range checks
+        self.full._pages_of(dst)
+        src_pages, dst_pages = src[::p] // p, dst[::p] // p
+        if (self._page_map[src_pages] == 0).any() or (self._page_map[dst_pages] != 0).any():
+            raise ValueError("move_swa: a source page maps no SWA page, or a target page already maps one")
+        self._page_map[dst_pages] = self._page_map[src_pages]
+        self._page_map[src_pages] = 0
 
     def swa_slots_of(self, slots: np.ndarray) -> np.ndarray:
         slots = np.asarray(slots, dtype=SLOT_DTYPE)
