@@ -84,6 +84,11 @@ class AllocatorFacade(_FacadeBase):
     def __init__(self, state: AllocatorState) -> None:
         super().__init__(state)
 
+    @property
+    def num_pages(self) -> int:
+        """Allocatable pages (page 0 excluded)."""
+        return self._state.num_pages
+
     def available_size(self) -> int:
         return A.available_size(self._state)
 
@@ -123,6 +128,20 @@ class SWAAllocatorFacade(_FacadeBase):
     def free_swa(self, slots: np.ndarray) -> None:
         """Free only the SWA side of these full slots (immediately, even inside a free group)."""
         self._state = S.free_swa(self._state, slots)
+
+    @property
+    def num_pages(self) -> int:
+        """Allocatable full pages."""
+        return self._state.full.num_pages
+
+    @property
+    def num_swa_pages(self) -> int:
+        """Allocatable SWA pages."""
+        return self._state.swa.num_pages
+
+    def move_swa(self, from_slots: np.ndarray, to_slots: np.ndarray) -> None:
+        """`swa_allocator.move_swa` on the current state (tombstone revival)."""
+        self._state = S.move_swa(self._state, from_slots, to_slots)
 
     def swa_slots_of(self, slots: np.ndarray) -> np.ndarray:
         return S.swa_slots_of(self._state, slots)

@@ -30,7 +30,12 @@ from jaxserve.memory import allocator as A
 from jaxserve.memory import extend as E
 from jaxserve.memory import page_stack
 from jaxserve.memory.allocator import SLOT_DTYPE, AllocatorState
-from jaxserve.memory.errors import DoubleFreeError, OutOfSlots, StaleAllocatorStateError
+from jaxserve.memory.errors import (
+    DoubleFreeError,
+    InvalidAllocRequestError,
+    OutOfSlots,
+    StaleAllocatorStateError,
+)
 
 
 class PageMapping:
@@ -124,7 +129,7 @@ def _take_mapped_pages(
 def alloc(state: SWAAllocatorState, num_slots: int) -> tuple[SWAAllocatorState, np.ndarray] | OutOfSlots:
     """n full slots (page-major), with n SWA slots mapped behind them; OutOfSlots if either side is short."""
     if num_slots <= 0:
-        raise A.InvalidAllocRequestError(f"alloc needs num_slots >= 1, got {num_slots}")
+        raise InvalidAllocRequestError(f"alloc needs num_slots >= 1, got {num_slots}")
     result = _take_mapped_pages(state, -(-num_slots // state.page_size))
     if isinstance(result, OutOfSlots):
         return result
@@ -193,6 +198,40 @@ def free_swa(state: SWAAllocatorState, slots: np.ndarray) -> SWAAllocatorState:
     _check(state)
     pages = _owned_full_pages(state, slots)
     return _free_sides(state, pages, free_full=False) if pages.size else state
+
+
+def _whole_pages(state: SWAAllocatorState, slots: np.ndarray, name: str) -> np.ndarray:
+    p = state.page_size
+    arr = np.asarray(slots).reshape(-1)
+    A.pages_of_slots(state.full, arr)  # type and range checks
+    rows = arr.astype(SLOT_DTYPE).reshape(-1, p) if arr.size % p == 0 else None
+    if rows is None or (rows % p != np.arange(p)).any() or (rows // p != rows[:, :1] // p).any():
+        raise InvalidAllocRequestError(f"move_swa: {name} must be whole pages in slot order (page_size={p})")
+    return rows[:, 0] // p
+
+
+def move_swa(state: SWAAllocatorState, from_slots: np.ndarray, to_slots: np.ndarray) -> SWAAllocatorState:
+    """Re-point the SWA pages behind `from_slots` to `to_slots` (page by page) and unmap `from_slots`.
+
+    Both must be whole allocated full pages in slot order, equal length, disjoint; every `from` page must
+    map an SWA page and no `to` page may map one. Used to revive a tombstone: the node keeps its full slots
+    and adopts the caller's fresh SWA KV; the caller then frees `from_slots` (full side only, now unmapped).
+    Like a free, it rewrites mapping entries older states rely on, so they become stale.
+    """
+    _check(state)
+    src, dst = _whole_pages(state, from_slots, "from_slots"), _whole_pages(state, to_slots, "to_slots")
+    both = np.concatenate([src, dst])
+    if src.size != dst.size or np.unique(both).size != both.size:
+        raise InvalidAllocRequestError("move_swa needs equal numbers of distinct, disjoint pages")
+    if page_stack.is_free(state.full.stack, state.full.top, both).any():
+        raise InvalidAllocRequestError("move_swa: every from/to page must be an allocated full page")
+    m = state.mapping
+    if (m.swa_page_of[src] == 0).any() or (m.swa_page_of[dst] != 0).any():
+        raise InvalidAllocRequestError("move_swa: a from page maps no SWA page, or a to page maps one")
+    m.swa_page_of[dst] = m.swa_page_of[src]
+    m.swa_page_of[src] = 0
+    m.num_zeroings += 1
+    return SWAAllocatorState(state.full, state.swa, m, m.num_zeroings, m.alloc_writes.num_records)
 
 
 def free_groups(state: SWAAllocatorState, groups: list[np.ndarray]) -> SWAAllocatorState:
