@@ -1,0 +1,96 @@
+"""Test helper: drive a `RadixCache` the way the scheduler will (admit, chunked prefill, decode, finish), with
+slots allocated page by page from a `CheckedAllocator`. Not a test module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cache import CachedReq, RadixCache
+from cache.keys import SLOT_DTYPE
+from cache.testing import CheckedAllocator
+
+
+def make_cache(
+    num_slots: int, page_size: int = 1, eagle: bool = False, **kw
+) -> tuple[RadixCache, CheckedAllocator]:
+    alloc = CheckedAllocator(num_slots, page_size)
+    return RadixCache(alloc, page_size=page_size, eagle=eagle, **kw), alloc
+
+
+def extend_slots(cache: RadixCache, req: CachedReq, num_new: int) -> bool:
+    """Give `req` slots for its next `num_new` positions: first the rest of its partial last page (its own),
+    then fresh pages, evicting from the tree when the pool is short. False (nothing changed) if impossible."""
+    page_size, alloc = cache.page_size, cache.allocator
+    kv = req.kv_slots
+    in_page = min(-kv.shape[0] % page_size, num_new)
+    head = kv[-1] + 1 + np.arange(in_page, dtype=SLOT_DTYPE) if in_page else np.zeros(0, SLOT_DTYPE)
+    rest = num_new - in_page
+    fresh = np.zeros(0, SLOT_DTYPE)
+    if rest:
+        need = -(-rest // page_size) * page_size
+        if alloc.available_size() < need:
+            cache.evict(need - alloc.available_size())
+        fresh = alloc.alloc(rest)
+        if fresh is None:
+            return False
+    req.kv_slots = np.concatenate([kv, head, fresh])
+    return True
+
+
+@dataclass
+class SimReq:
+    """A request's tokens as the scheduler sees them, plus its cache bookkeeping."""
+
+    prompt: list[int]
+    req: CachedReq
+    outputs: list[int] = field(default_factory=list)
+    admitted: int = 0
+
+    @property
+    def num_with_kv(self) -> int:
+        return int(self.req.kv_slots.shape[0])
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_with_kv >= len(self.prompt)
+
+
+def admit(cache: RadixCache, prompt: list[int], extra_key=None) -> SimReq:
+    sim = SimReq(list(prompt), CachedReq(last_node=cache.root, extra_key=extra_key))
+    sim.admitted = cache.admit(sim.req, sim.prompt)
+    return sim
+
+
+def prefill(cache: RadixCache, sim: SimReq, chunk: int | None = None) -> bool:
+    """Compute the next prefill chunk (all of the rest if `chunk` is None) and `cache_unfinished_req` it."""
+    start = sim.num_with_kv
+    stop = len(sim.prompt) if chunk is None else min(start + chunk, len(sim.prompt))
+    if not extend_slots(cache, sim.req, stop - start):
+        return False
+    cache.cache_unfinished_req(sim.req, sim.prompt[:stop])
+    return True
+
+
+def decode(cache: RadixCache, sim: SimReq, token: int) -> bool:
+    """Sample `token`; the previously sampled one (if any) is fed now and gets a slot."""
+    if sim.outputs and not extend_slots(cache, sim.req, 1):
+        return False
+    sim.outputs.append(token)
+    return True
+
+
+def finish(cache: RadixCache, sim: SimReq) -> None:
+    cache.cache_finished_req(sim.req, sim.prompt + sim.outputs)
+
+
+def run_request(cache: RadixCache, prompt: list[int], outputs: list[int], chunk: int | None = None) -> int:
+    """Admit, prefill (chunked), decode `outputs`, finish. Returns the admitted prefix length."""
+    sim = admit(cache, prompt)
+    while not sim.prefill_done:
+        assert prefill(cache, sim, chunk)
+    for tok in outputs:
+        assert decode(cache, sim, tok)
+    finish(cache, sim)
+    return sim.admitted
