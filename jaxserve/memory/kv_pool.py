@@ -15,8 +15,11 @@ returns `float(bits) * scale` in `read_dtype`.
 Donation: the `*_donated` entry points (in `ops`) donate the pool; the input array is deleted and the
 output aliases its buffer, so a write costs O(tokens written), never O(pool). Inside a larger jitted
 step, write a layer's K/V before reading that layer, or XLA inserts a full copy of the pool
-(jax-on-cpu.md section 3). Out-of-range slots are dropped on write and read as zeros (the host must
-never pass them).
+(jax-on-cpu.md section 3). Iterate layers with `lax.scan` (traced layer index): measured on jax 0.10.2
+CPU, a Python-unrolled loop that reads layer l and then writes layer l + 1 of the same array compiles to
+one full pool copy per layer, and so does a `lax.cond` choosing which pool to write; scan bodies that
+write-then-read (even two pools per iteration, e.g. one SWA + one full layer) compile to none.
+Out-of-range slots are dropped on write and read as zeros (the host must never pass them).
 """
 
 from __future__ import annotations
