@@ -63,7 +63,12 @@ def _generate(requests):
 def test_requests_give_the_same_tokens_alone_and_together():
     requests = [
         ([3, 4], SamplingParams(temperature=0.9, top_k=6, seed=1, max_new_tokens=9)),
-        ([5], SamplingParams(temperature=1.2, top_p=0.8, presence_penalty=0.5, seed=2, max_new_tokens=25)),
+        (
+            [5],
+            SamplingParams(
+                temperature=1.2, top_p=0.8, presence_penalty=0.5, seed=2, max_new_tokens=25, ignore_eos=True
+            ),
+        ),
         ([1, 1, 2], SamplingParams(temperature=0.0, repetition_penalty=1.3, seed=3, max_new_tokens=14)),
         ([7], SamplingParams(min_p=0.1, frequency_penalty=0.4, seed=4, max_new_tokens=0)),
         ([2], SamplingParams(ignore_eos=True, seed=5, max_new_tokens=18)),
@@ -71,7 +76,8 @@ def test_requests_give_the_same_tokens_alone_and_together():
     together = _generate(requests[:BUCKET]) + _generate(requests[BUCKET:])
     alone = [_generate([request])[0] for request in requests]
     assert together == alone
-    assert [len(ids) for ids in alone][3:] == [0, 18]
+    # rows move: request 0 stops early (EOS), 1 and 2 run on in lower rows; 3 never samples
+    assert [len(ids) for ids in alone] == [7, 25, 14, 0, 18]
 
 
 def test_greedy_penalised_request_equals_a_numpy_greedy_loop():
