@@ -85,8 +85,12 @@ def available_size(state: AllocatorState) -> int:
     return state.top * state.page_size
 
 
-def _check(state: AllocatorState) -> None:
+def check_state(state: AllocatorState) -> None:
+    """Raise StaleAllocatorStateError if `state` can no longer be used (see module docstring). O(log N)."""
     page_stack.check_valid(state.stack, state.top, state.seen_writes)
+
+
+_check = check_state
 
 
 def pages_to_slots(pages: np.ndarray, page_size: int) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Thin mutable facades over the pure allocator functions: they hold "the current state", nothing else.
 
 They implement `cache.allocator.SlotAllocator` / `SWASlotAllocator`, so a RadixCache frees through them.
-Backup is `saved = facade.state`; restore is `facade.state = saved` (O(1); a stale state raises on its next
-use). `alloc*` return None when there is not enough room, like `cache.testing.CheckedAllocator`; the reason
-is kept in `last_out_of_slots`. Free groups batch many frees into one write (`free_group_begin/end`); while
-a group is open, `available_size` does not yet include the pending frees.
+Backup is `saved = facade.state` (O(1)); restore is `facade.state = saved` (O(log num_pages): a stale
+state raises StaleAllocatorStateError right there). `alloc*` return None when there is not enough room,
+like `cache.testing.CheckedAllocator`; the reason is kept in `last_out_of_slots`. Free groups batch many
+frees into one write (`free_group_begin/end`); while a group is open, `available_size` does not yet
+include the pending frees.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class _FacadeBase:
     def state(self, new_state) -> None:
         if self._group is not None:
             raise InvalidAllocRequestError("cannot restore a state while a free group is open")
+        self._pure.check_state(new_state)  # fail fast on a stale backup; O(log num_pages)
         self._state = new_state
 
     @property

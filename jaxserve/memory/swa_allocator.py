@@ -80,7 +80,8 @@ def make_swa_allocator(num_full_pages: int, num_swa_pages: int, page_size: int =
     )
 
 
-def _check(state: SWAAllocatorState) -> None:
+def check_state(state: SWAAllocatorState) -> None:
+    """Raise StaleAllocatorStateError if `state` can no longer be used. O(log num_pages)."""
     if state.mapping.num_zeroings != state.seen_zeroings:
         raise StaleAllocatorStateError(
             "this SWA allocator state is stale: slots were freed after it was saved (frees zero the shared "
@@ -115,7 +116,7 @@ def _take_mapped_pages(
     state: SWAAllocatorState, num_pages: int
 ) -> tuple[SWAAllocatorState, np.ndarray] | OutOfSlots:
     """`num_pages` full pages, each mapped to a fresh SWA page; returns the full pages."""
-    _check(state)
+    check_state(state)
     short = _out_of_slots(state, num_pages)
     if short is not None:
         return short
@@ -144,7 +145,7 @@ def alloc_extend(
 
     Slots continuing a partial page share that page's existing SWA page (0 if its SWA side was freed).
     """
-    _check(state)
+    check_state(state)
     plan = E.plan_extend(state.full, prefix_lens, seq_lens, last_locs)
     new_state, pages = state, np.zeros(0, dtype=SLOT_DTYPE)
     if plan.num_new_pages:
@@ -185,7 +186,7 @@ def _free_sides(state: SWAAllocatorState, full_pages: np.ndarray, free_full: boo
 
 def free(state: SWAAllocatorState, slots: np.ndarray) -> SWAAllocatorState:
     """Free these full slots' pages and their mapped SWA pages. Empty input returns `state`."""
-    _check(state)
+    check_state(state)
     pages = _owned_full_pages(state, slots)
     return _free_sides(state, pages, free_full=True) if pages.size else state
 
@@ -195,7 +196,7 @@ def free_swa(state: SWAAllocatorState, slots: np.ndarray) -> SWAAllocatorState:
 
     Entries already zero are skipped, so repeating free_swa, or a later `free`, frees no SWA page twice.
     """
-    _check(state)
+    check_state(state)
     pages = _owned_full_pages(state, slots)
     return _free_sides(state, pages, free_full=False) if pages.size else state
 
@@ -218,7 +219,7 @@ def move_swa(state: SWAAllocatorState, from_slots: np.ndarray, to_slots: np.ndar
     and adopts the caller's fresh SWA KV; the caller then frees `from_slots` (full side only, now unmapped).
     Like a free, it rewrites mapping entries older states rely on, so they become stale.
     """
-    _check(state)
+    check_state(state)
     src, dst = _whole_pages(state, from_slots, "from_slots"), _whole_pages(state, to_slots, "to_slots")
     both = np.concatenate([src, dst])
     if src.size != dst.size or np.unique(both).size != both.size:
@@ -250,7 +251,7 @@ def swa_slots_of(state: SWAAllocatorState, slots: np.ndarray) -> np.ndarray:
     arr = np.asarray(slots, dtype=SLOT_DTYPE)
     flat = arr.reshape(-1)
     A.pages_of_slots(state.full, flat)
-    _check(state)
+    check_state(state)
     p = state.page_size
     pages = flat // p
     swa_pages = state.mapping.swa_page_of[pages]
@@ -260,11 +261,11 @@ def swa_slots_of(state: SWAAllocatorState, slots: np.ndarray) -> np.ndarray:
 
 def free_slot_ids(state: SWAAllocatorState) -> np.ndarray:
     """Every free full slot id (debug/invariant checks)."""
-    _check(state)
+    check_state(state)
     return A.free_slot_ids(state.full)
 
 
 def free_swa_slot_ids(state: SWAAllocatorState) -> np.ndarray:
     """Every free SWA slot id (debug/invariant checks)."""
-    _check(state)
+    check_state(state)
     return A.free_slot_ids(state.swa)
