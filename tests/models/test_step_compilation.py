@@ -1,5 +1,6 @@
 """The jitted step compiles once per shape bucket and donates the KV pools."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -61,3 +62,28 @@ def test_kv_pools_are_donated(step):
     _, new_pools, _ = forward(params, np.zeros(meta.num_tokens, np.int32), meta, pools)
     assert before.is_deleted()
     assert not new_pools.data.is_deleted()
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_compiled_step_never_copies_a_pool(hybrid):
+    """Write-before-read per layer keeps the donated pools in place: no `copy` of a pool-shaped array
+    (an unrolled layer loop can otherwise make XLA copy the pool once per layer; see memory/kv_pool.py)."""
+    import re
+
+    import jax.numpy as jnp
+
+    raw = dict(CONFIG, num_hidden_layers=4)
+    if hybrid:
+        raw.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=True,
+                   sliding_window=4, max_window_layers=2)
+    model = random_model(ModelConfig.from_dict(raw), seed=0)
+    assert model.kv_layout.hybrid == hybrid
+    forward, params = make_forward(model)
+    pools = model.kv_layout.make_pools(300, PAGE_SIZE, jnp.bfloat16)
+    steps = [SequenceStep(6, 6, list(range(1, 17)), list(range(1, 17)) if hybrid else None)]
+    meta = build_attention_metadata(steps, page_size=PAGE_SIZE, with_swa=hybrid, page_buckets=PAGE_BUCKETS)
+    hlo = forward.lower(params, np.zeros(meta.num_tokens, np.int32), meta, pools).compile().as_text()
+    shapes = {f"u16[{','.join(map(str, a.shape))}]" for a in jax.tree.leaves(pools)}
+    assert len(shapes) == 1 and all(s in hlo for s in shapes)  # bf16 stored as uint16, one shape
+    copies = [ln for ln in hlo.splitlines() if re.search(r"copy\(", ln) and any(s in ln for s in shapes)]
+    assert not copies, copies[:3]
