@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 from cache.allocator import SlotAllocator, SWASlotAllocator
 from cache.errors import DoubleFreeError
 from cache.testing import CheckedAllocator, CheckedSWAAllocator
-from jaxserve.memory import AllocatorFacade, SWAAllocatorFacade, make_allocator, make_swa_allocator
+from jaxserve.memory import (
+    AllocatorFacade,
+    StaleAllocatorStateError,
+    SWAAllocatorFacade,
+    make_allocator,
+    make_swa_allocator,
+)
 
 
 def _same_error(fn_a, fn_b) -> None:
@@ -158,3 +164,17 @@ def test_facade_backup_restore_and_free_group_errors() -> None:
     assert facade.available_size() == 8
     with pytest.raises(ValueError):
         facade.free_group_end()
+
+
+def test_facade_restore_of_a_stale_state_raises_at_once() -> None:
+    facade = SWAAllocatorFacade(make_swa_allocator(8, 8, 1))
+    saved = facade.state
+    facade.free(facade.alloc(3))  # a free after the backup
+    with pytest.raises(StaleAllocatorStateError):
+        facade.state = saved
+    assert facade.full_available_size() == 8  # the current state is kept
+    plain = AllocatorFacade(make_allocator(8, 1))
+    saved = plain.state
+    plain.free(plain.alloc(3)[:1])  # alloc then free from the descendant overwrites the backup's entries
+    with pytest.raises(StaleAllocatorStateError):
+        plain.state = saved
