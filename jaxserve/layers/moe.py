@@ -80,9 +80,12 @@ _EXPERTS = {"dense": experts_dense, "sorted": experts_sorted}
 
 
 class GptOssMoE(nnx.Module):
-    """gpt-oss MoE block (router + experts). Parameter names follow the HF checkpoint's `mlp.*` tensors.
+    """gpt-oss MoE block (router + experts). Parameter names follow the HF checkpoint's `mlp.*` tensors:
+    `router_weight [E, H]` (nn.Linear layout), `router_bias [E]`, `gate_up_proj [E, H, 2I]`,
+    `gate_up_proj_bias [E, 2I]`, `down_proj [E, I, H]`, `down_proj_bias [E, H]`.
 
-    __call__(x [..., H]) -> [..., H] in x's dtype. Parameters start as zeros; the loader fills them.
+    __call__(x [..., H]) -> [..., H] in x's dtype. With `rngs` the parameters start random (normal, std
+    0.02), else as zeros; the loader overwrites them either way.
     """
 
     def __init__(
@@ -91,10 +94,12 @@ class GptOssMoE(nnx.Module):
         intermediate_size: int,
         num_experts: int,
         top_k: int,
+        *,
         swiglu_limit: float = 7.0,
         swiglu_alpha: float = 1.702,
         dispatch: Dispatch = "sorted",
         dtype=jnp.float32,
+        rngs: nnx.Rngs | None = None,
     ):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_local_experts={num_experts}]")
@@ -105,12 +110,18 @@ class GptOssMoE(nnx.Module):
         self.alpha = float(swiglu_alpha)
         self.dispatch = dispatch
         e, h, i = num_experts, hidden_size, intermediate_size
-        self.router_weight = nnx.Param(jnp.zeros((e, h), dtype))
-        self.router_bias = nnx.Param(jnp.zeros((e,), dtype))
-        self.gate_up_proj = nnx.Param(jnp.zeros((e, h, 2 * i), dtype))
-        self.gate_up_proj_bias = nnx.Param(jnp.zeros((e, 2 * i), dtype))
-        self.down_proj = nnx.Param(jnp.zeros((e, i, h), dtype))
-        self.down_proj_bias = nnx.Param(jnp.zeros((e, h), dtype))
+
+        def param(*shape: int) -> nnx.Param:
+            if rngs is None:
+                return nnx.Param(jnp.zeros(shape, dtype))
+            return nnx.Param(0.02 * jax.random.normal(rngs.params(), shape, dtype))
+
+        self.router_weight = param(e, h)
+        self.router_bias = param(e)
+        self.gate_up_proj = param(e, h, 2 * i)
+        self.gate_up_proj_bias = param(e, 2 * i)
+        self.down_proj = param(e, i, h)
+        self.down_proj_bias = param(e, h)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         lead_shape = x.shape[:-1]

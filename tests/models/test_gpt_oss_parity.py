@@ -1,0 +1,144 @@
+"""gpt-oss (sinks, alternating window/full, YaRN, MoE, biases; plain and MXFP4 experts) vs transformers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxserve.loader.errors import MissingTensorError
+from jaxserve.loader.load import load_model
+from tests.models.helpers import (
+    PAGED_TOLERANCE,
+    TOLERANCE,
+    Runner,
+    full_logits,
+    hf_logits,
+    load_variant,
+    make_hf_checkpoint,
+    paged_logits,
+    random_ids,
+    rel_error,
+)
+
+pytestmark = pytest.mark.hf
+WINDOW = 8
+CONFIG = dict(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW, num_local_experts=4,
+              num_experts_per_tok=2, intermediate_size=64, max_position_embeddings=4096 * 32,
+              swiglu_limit=1.5)  # low limit: the gate/up clamps are active on these activations
+
+
+def perturb_vectors(hf_model, seed: int, std: float = 0.2) -> None:
+    """Add noise to every bias, norm weight and sink (HF initialises them to 0/1), so that a parameter
+    loaded into the wrong place shows up in the logits."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if p.ndim == 1 or name.endswith("_bias"):
+                p.add_(torch.randn(p.shape, generator=gen) * std)
+
+
+def _checkpoint(path, **overrides):
+    hf = make_hf_checkpoint(path, "gpt_oss", **{**CONFIG, **overrides})
+    hf.config._experts_implementation = "eager"
+    perturb_vectors(hf, seed=7)
+    hf.save_pretrained(path)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt_oss")
+    hf = _checkpoint(path)
+    return hf, Runner(load_model(path, progress=False)), path
+
+
+def test_full_sequence_logits_match_transformers(gpt_oss):
+    hf, runner, _ = gpt_oss
+    cfg = runner.model.config
+    assert cfg.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    assert runner.model.kv_layout.swa_layer_ids == (0, 2)
+    assert dict(cfg.rope)["full_attention"].rope_type == "yarn"
+    ids = random_ids(40, 256, seed=1)
+    assert rel_error(full_logits(runner, ids)[0], hf_logits(hf, ids)) <= TOLERANCE
+
+
+def test_window_matters(gpt_oss):
+    hf, _, path = gpt_oss
+    no_window = load_variant(path, layer_types=("full_attention",) * 3, sliding_window=None)
+    ids = random_ids(40, 256, seed=1)
+    assert rel_error(full_logits(Runner(no_window), ids)[0], hf_logits(hf, ids)) > 100 * TOLERANCE
+
+
+def test_sinks_matter(gpt_oss):
+    hf, _, path = gpt_oss
+    model = load_variant(path)
+    for layer in model.layers:
+        layer.attn.sinks[...] = np.zeros(layer.attn.sinks.shape, np.float32)
+    ids = random_ids(40, 256, seed=1)
+    assert rel_error(full_logits(Runner(model), ids)[0], hf_logits(hf, ids)) > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_paged_hybrid_pools_with_evicted_swa_pages_match_full_forward(gpt_oss, page_size):
+    _, runner, _ = gpt_oss
+    seqs = [random_ids(37, 256, seed=3), random_ids(26, 256, seed=4)]
+    paged = paged_logits(runner, seqs, [[9, 2, 13], [5, 11]], page_size=page_size, window=WINDOW)
+    for seq, got in zip(seqs, paged, strict=True):
+        assert rel_error(got, full_logits(runner, seq)[0]) <= PAGED_TOLERANCE
+
+
+def _random_mxfp4(rng, num_experts, rows, cols):
+    blocks = rng.integers(0, 256, size=(num_experts, rows, cols // 32, 16), dtype=np.uint8)
+    scales = rng.integers(121, 126, size=(num_experts, rows, cols // 32), dtype=np.uint8)  # 2^-6 .. 2^-2
+    return blocks, scales
+
+
+def _write_mxfp4_checkpoint(path, hf, seed):
+    """Rewrite `path`'s experts as MXFP4 blocks/scales in HF naming and put the same (dequantized by
+    transformers' own function) weights into `hf`."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    rng = np.random.default_rng(seed)
+    tensors = load_file(path / "model.safetensors")
+    cfg = hf.config
+    shapes = {"gate_up_proj": (2 * cfg.intermediate_size, cfg.hidden_size),  # (rows = outputs, cols = inputs)
+              "down_proj": (cfg.hidden_size, cfg.intermediate_size)}
+    for i, layer in enumerate(hf.model.layers):
+        for name, (rows, cols) in shapes.items():
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            blocks, scales = _random_mxfp4(rng, cfg.num_local_experts, rows, cols)
+            del tensors[key]
+            tensors[f"{key}_blocks"], tensors[f"{key}_scales"] = blocks, scales
+            dequantized = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                                     dtype=torch.float32)
+            with torch.no_grad():
+                getattr(layer.mlp.experts, name).copy_(dequantized)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (path / "config.json").write_text(json.dumps(config))
+    return tensors
+
+
+def test_mxfp4_expert_checkpoint_matches_transformers_on_dequantized_weights(tmp_path):
+    hf = _checkpoint(tmp_path, num_hidden_layers=2)
+    _write_mxfp4_checkpoint(tmp_path, hf, seed=11)
+    runner = Runner(load_model(tmp_path, progress=False))
+    ids = random_ids(30, 256, seed=2)
+    assert rel_error(full_logits(runner, ids)[0], hf_logits(hf, ids)) <= TOLERANCE
+
+
+def test_mxfp4_checkpoint_missing_scales_names_the_tensor(tmp_path):
+    from safetensors.numpy import save_file
+
+    hf = _checkpoint(tmp_path, num_hidden_layers=2)
+    tensors = _write_mxfp4_checkpoint(tmp_path, hf, seed=12)
+    del tensors["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(MissingTensorError, match=r"model\.layers\.1\.mlp\.experts\.down_proj_scales"):
+        load_model(tmp_path, progress=False)
