@@ -19,9 +19,10 @@ def make_cache(
     return RadixCache(alloc, page_size=page_size, eagle=eagle, **kw), alloc
 
 
-def extend_slots(cache: RadixCache, req: CachedReq, num_new: int) -> bool:
+def extend_slots(cache: RadixCache, req: CachedReq, num_new: int, evict=None) -> bool:
     """Give `req` slots for its next `num_new` positions: first the rest of its partial last page (its own),
-    then fresh pages, evicting from the tree when the pool is short. False (nothing changed) if impossible."""
+    then fresh pages, evicting from the tree (`evict(num_slots)`, default `cache.evict`) when the pool is
+    short. False (the request unchanged) if impossible."""
     page_size, alloc = cache.page_size, cache.allocator
     kv = req.kv_slots
     in_page = min(-kv.shape[0] % page_size, num_new)
@@ -31,7 +32,7 @@ def extend_slots(cache: RadixCache, req: CachedReq, num_new: int) -> bool:
     if rest:
         need = -(-rest // page_size) * page_size
         if alloc.available_size() < need:
-            cache.evict(need - alloc.available_size())
+            (evict or cache.evict)(need - alloc.available_size())
         fresh = alloc.alloc(rest)
         if fresh is None:
             return False
