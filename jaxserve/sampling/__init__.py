@@ -7,7 +7,7 @@ Device (jittable, fused into the step): `sample`, the `PenaltyPool` functions, `
 from jaxserve.sampling.batch import NO_PENALTY_ROW, SamplingBatch, SamplingRow, build_sampling_batch
 from jaxserve.sampling.detokenize import IncrementalDetokenizer
 from jaxserve.sampling.errors import AlreadyFinishedError, InvalidSamplingParamsError
-from jaxserve.sampling.filters import apply_filters, filter_cutoffs
+from jaxserve.sampling.filters import FilterMethod, apply_filters, filter_cutoffs
 from jaxserve.sampling.params import SamplingParams
 from jaxserve.sampling.penalties import (
     PenaltyPool,
@@ -24,6 +24,7 @@ from jaxserve.sampling.stop import FinishReason, StopChecker
 __all__ = [
     "NO_PENALTY_ROW",
     "AlreadyFinishedError",
+    "FilterMethod",
     "FinishReason",
     "IncrementalDetokenizer",
     "InvalidSamplingParamsError",

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.sampling.batch import SamplingBatch
-from jaxserve.sampling.filters import apply_filters
+from jaxserve.sampling.filters import FilterMethod, apply_filters
 from jaxserve.sampling.penalties import PenaltyPool, apply_penalties
 
 
@@ -35,12 +35,19 @@ def row_keys(batch: SamplingBatch) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, jnp.asarray(batch.num_generated, jnp.uint32))
 
 
-def sample(logits: jax.Array, batch: SamplingBatch, penalties: PenaltyPool | None = None) -> SampleOutput:
+def sample(
+    logits: jax.Array,
+    batch: SamplingBatch,
+    penalties: PenaltyPool | None = None,
+    *,
+    filter_method: FilterMethod = "bisect",
+) -> SampleOutput:
     """Sample one token per row. logits [S, V] (any float dtype; computed in f32), batch with S rows.
 
     penalties: the pool whose rows `batch.penalty_rows` hold each request's token counts, or None to skip
     penalties entirely (then the batch's penalty parameters are ignored). Pure: the caller updates the pool
-    afterwards with `update_counts(pool, batch.penalty_rows, out.token_ids)`.
+    afterwards with `update_counts(pool, batch.penalty_rows, out.token_ids)`. filter_method (static):
+    how top-k/top-p cutoffs are found, see filters.py.
     """
     raw = logits.astype(jnp.float32)
     penalised = raw if penalties is None else apply_penalties(raw, batch, penalties)
@@ -48,7 +55,7 @@ def sample(logits: jax.Array, batch: SamplingBatch, penalties: PenaltyPool | Non
     greedy = batch.temperatures == 0.0
     temperatures = jnp.where(greedy, 1.0, batch.temperatures)
     scaled = penalised / temperatures[:, None]
-    filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p)
+    filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p, filter_method)
 
     vocab_size = raw.shape[-1]
     gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(row_keys(batch))

@@ -7,7 +7,8 @@ import sampling_reference as ref
 
 from jaxserve.sampling import apply_filters
 
-_filters = jax.jit(apply_filters)
+_filters = jax.jit(apply_filters, static_argnames="method")
+METHODS = pytest.mark.parametrize("method", ["bisect", "sort"])
 
 
 def _random_params(rng, num_rows, vocab_size):
@@ -27,12 +28,13 @@ def _logits_with_ties_and_neg_inf(rng, num_rows, vocab_size):
 
 
 @pytest.mark.parametrize("vocab_size", [2, 7, 33])
-def test_filters_match_numpy_reference_with_ties_and_neg_inf(vocab_size):
+@METHODS
+def test_filters_match_numpy_reference_with_ties_and_neg_inf(vocab_size, method):
     rng = np.random.default_rng(vocab_size)
     num_rows = 400
     scaled = _logits_with_ties_and_neg_inf(rng, num_rows, vocab_size)
     top_k, top_p, min_p = _random_params(rng, num_rows, vocab_size)
-    got = np.asarray(_filters(scaled, top_k, top_p, min_p))
+    got = np.asarray(_filters(scaled, top_k, top_p, min_p, method))
     num_checked = 0
     for row in range(num_rows):
         want = ref.keep_mask(scaled[row], top_k[row], top_p[row], min_p[row]) & (scaled[row] > -np.inf)
@@ -43,29 +45,36 @@ def test_filters_match_numpy_reference_with_ties_and_neg_inf(vocab_size):
     assert num_checked > 0.95 * num_rows * vocab_size
 
 
-def test_disabled_filters_return_the_logits_bit_identical():
+@METHODS
+def test_disabled_filters_return_the_logits_bit_identical(method):
     rng = np.random.default_rng(0)
     scaled = _logits_with_ties_and_neg_inf(rng, 64, 50)
     num_rows = scaled.shape[0]
     top_k = rng.choice([-1, 50, 1000], size=num_rows).astype(np.int32)
-    got = np.asarray(_filters(scaled, top_k, np.ones(num_rows, np.float32), np.zeros(num_rows, np.float32)))
+    got = np.asarray(
+        _filters(scaled, top_k, np.ones(num_rows, np.float32), np.zeros(num_rows, np.float32), method)
+    )
     np.testing.assert_array_equal(got.view(np.uint32), scaled.view(np.uint32))
 
 
-def test_top_k_keeps_every_token_tied_with_the_kth():
+@METHODS
+def test_top_k_keeps_every_token_tied_with_the_kth(method):
     scaled = np.array([[1.0, 3.0, 2.0, 3.0, 2.0, -np.inf]], np.float32)
     top_p, min_p = np.ones(1, np.float32), np.zeros(1, np.float32)
-    kept = lambda k: np.asarray(_filters(scaled, np.array([k], np.int32), top_p, min_p))[0] > -np.inf
+    kept = lambda k: np.asarray(_filters(scaled, np.array([k], np.int32), top_p, min_p, method))[0] > -np.inf
     np.testing.assert_array_equal(kept(1), [False, True, False, True, False, False])
     np.testing.assert_array_equal(kept(3), [False, True, True, True, True, False])
 
 
-def test_top_p_keeps_smallest_prefix_reaching_the_mass():
+@METHODS
+def test_top_p_keeps_smallest_prefix_reaching_the_mass(method):
     probs = np.array([0.5, 0.3, 0.15, 0.05])
     scaled = np.log(probs)[None].astype(np.float32)
     kept = lambda p: (
         np.asarray(
-            _filters(scaled, np.array([-1], np.int32), np.array([p], np.float32), np.zeros(1, np.float32))
+            _filters(
+                scaled, np.array([-1], np.int32), np.array([p], np.float32), np.zeros(1, np.float32), method
+            )
         )[0]
         > -np.inf
     )
@@ -75,16 +84,20 @@ def test_top_p_keeps_smallest_prefix_reaching_the_mass():
     np.testing.assert_array_equal(kept(0.99), [True, True, True, True])
 
 
-def test_min_p_is_relative_to_the_top_probability():
+@METHODS
+def test_min_p_is_relative_to_the_top_probability(method):
     scaled = np.log(np.array([[0.5, 0.3, 0.15, 0.05]])).astype(np.float32)
     got = np.asarray(
-        _filters(scaled, np.array([-1], np.int32), np.ones(1, np.float32), np.array([0.5], np.float32))
+        _filters(
+            scaled, np.array([-1], np.int32), np.ones(1, np.float32), np.array([0.5], np.float32), method
+        )
     )[0]
     np.testing.assert_array_equal(got > -np.inf, [True, True, False, False])
 
 
 @pytest.mark.hf
-def test_filters_match_hf_warpers_on_tie_free_logits():
+@METHODS
+def test_filters_match_hf_warpers_on_tie_free_logits(method):
     import torch
     from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -112,9 +125,37 @@ def test_filters_match_hf_warpers_on_tie_free_logits():
                 np.array([top_k], np.int32),
                 np.array([top_p], np.float32),
                 np.array([min_p], np.float32),
+                method,
             )
         )
         decided = ref.mask_margins(scaled[0], top_k, top_p, min_p) > 1e-5
         hf_kept = scores.numpy()[0] > -np.inf
         np.testing.assert_array_equal((got[0] > -np.inf)[decided], hf_kept[decided], err_msg=f"case {case}")
         np.testing.assert_array_equal(got[0][hf_kept], scores.numpy()[0][hf_kept])
+
+
+def test_bisect_top_k_is_exact_on_adversarial_values():
+    tiny = np.float32(2e-38)  # near the smallest normal (XLA on CPU flushes subnormals to zero)
+    one_up = np.nextafter(np.float32(1.0), np.float32(2.0))
+    rows = [
+        [1.0, one_up, 1.0, -np.inf, 0.5, -0.5],
+        [-0.0, 0.0, -tiny, tiny, -np.inf, -np.inf],
+        [-3e38, 3e38, -1e-30, 1e-30, 0.0, -np.inf],
+        [-np.inf, -np.inf, -np.inf, 2.0, -np.inf, -np.inf],
+        [-7.0, -7.0, -7.0, -7.0, -7.0, -7.0],
+    ]
+    scaled = np.array(rows, np.float32)
+    num_rows, vocab_size = scaled.shape
+    for k in range(1, vocab_size):
+        top_k = np.full(num_rows, k, np.int32)
+        args = (scaled, top_k, np.ones(num_rows, np.float32), np.zeros(num_rows, np.float32))
+        bisect = np.asarray(_filters(*args, "bisect"))
+        np.testing.assert_array_equal(bisect, np.asarray(_filters(*args, "sort")), err_msg=f"k={k}")
+        for row in range(num_rows):
+            want = ref.keep_mask(scaled[row], k, 1.0, 0.0) & (scaled[row] > -np.inf)
+            np.testing.assert_array_equal(bisect[row] > -np.inf, want, err_msg=f"k={k} row={row}")
+
+
+def test_unknown_filter_method_raises():
+    with pytest.raises(ValueError, match="unknown filter method 'heap'"):
+        apply_filters(np.zeros((1, 3), np.float32), np.ones(1, np.int32), np.ones(1), np.zeros(1), "heap")

@@ -159,3 +159,16 @@ def test_penalised_rows_sample_from_the_penalised_distribution(bucket):
     frequency_of_0 = draws.count(0) / len(draws)
     # reference: softmax([1, 0, 0, 0]) gives token 0 a probability of e / (e + 3) = 0.475
     assert abs(frequency_of_0 - np.e / (np.e + 3)) < 0.08
+
+
+def test_sort_and_bisect_filter_methods_sample_the_same_tokens():
+    rng = np.random.default_rng(6)
+    rows = _mixed_rows(rng, 64)
+    logits, batch = _logits(64, seed=6), build_sampling_batch(rows, 64)
+    by_method = {
+        method: np.asarray(
+            jax.jit(sample, static_argnames="filter_method")(logits, batch, filter_method=method).token_ids
+        )
+        for method in ("bisect", "sort")
+    }
+    np.testing.assert_array_equal(by_method["bisect"], by_method["sort"])
