@@ -40,7 +40,8 @@ class SamplingRow:
 class SamplingBatch:
     """Per-row sampling parameters, S rows (the sequence bucket). A pytree of arrays; no static fields.
 
-    temperatures f32[S] (0 = greedy), top_k i32[S] (-1 = off), top_p f32[S] (1 = off), min_p f32[S] (0 = off),
+    temperatures f32[S] (0 = greedy), top_k i32[S] (-1 = off), top_p f32[S] (1 = off), min_p f32[S] (0 = off)
+    (greedy rows always carry the three filters off),
     repetition_penalty / frequency_penalty / presence_penalty f32[S] (1 / 0 / 0 = off),
     seed_words u32[S, 2] (seed as high, low words), num_generated i32[S] (folded into the key),
     penalty_rows i32[S] (row in the PenaltyPool; NO_PENALTY_ROW when none).
@@ -80,9 +81,11 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int) -> Sampling
     words[: len(rows)] = seed_words([row.seed for row in rows])
     return SamplingBatch(
         temperatures=column(lambda r: 0.0 if r.params.is_greedy else r.params.temperature, 0.0, np.float32),
-        top_k=column(lambda r: min(r.params.top_k, _INT32_MAX), -1, np.int32),
-        top_p=column(lambda r: r.params.top_p, 1.0, np.float32),
-        min_p=column(lambda r: r.params.min_p, 0.0, np.float32),
+        # Greedy rows carry disabled filters (the argmax survives every filter), so an all-greedy batch
+        # skips the filter search on device.
+        top_k=column(lambda r: -1 if r.params.is_greedy else min(r.params.top_k, _INT32_MAX), -1, np.int32),
+        top_p=column(lambda r: 1.0 if r.params.is_greedy else r.params.top_p, 1.0, np.float32),
+        min_p=column(lambda r: 0.0 if r.params.is_greedy else r.params.min_p, 0.0, np.float32),
         repetition_penalty=column(lambda r: r.params.repetition_penalty, 1.0, np.float32),
         frequency_penalty=column(lambda r: r.params.frequency_penalty, 0.0, np.float32),
         presence_penalty=column(lambda r: r.params.presence_penalty, 0.0, np.float32),

@@ -9,7 +9,7 @@ otherwise it becomes -inf. Consequences worth knowing:
 - min-p keeps tokens whose probability is >= min_p times the top token's, computed as
   logit >= max_logit + log(min_p); renormalisation cancels, so its place in the order does not matter.
 - A disabled filter (top_k -1 or >= V, top_p >= 1, min_p 0) has cutoff -inf: rows with every filter off come
-  back bit-identical.
+  back bit-identical. When no row of the batch uses top-k or top-p, their search is skipped (`lax.cond`).
 
 Two ways to find the top-k / top-p cutoffs, same results up to float rounding of probability sums:
 - "bisect" (default): no sort; 32 bisection steps over the float32 order per filter, each a masked sum over
@@ -35,13 +35,17 @@ def filter_cutoffs(
     scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array, method: FilterMethod = "bisect"
 ) -> jax.Array:
     """f32[S]: lowest scaled logit each row keeps. scaled f32[S, V]; top_k i32[S]; top_p, min_p f32[S]."""
-    if method == "bisect":
-        cutoff_k, cutoff_p = _top_k_top_p_bisect(scaled, top_k, top_p)
-    elif method == "sort":
-        cutoff_k, cutoff_p = _top_k_top_p_sort(scaled, top_k, top_p)
-    else:
+    methods = {"bisect": _top_k_top_p_bisect, "sort": _top_k_top_p_sort}
+    if method not in methods:
         raise ValueError(f"unknown filter method {method!r}; expected 'bisect' or 'sort'")
     no_cutoff = jnp.full(scaled.shape[:-1], -jnp.inf, scaled.dtype)
+    k_off, p_off = _disabled(scaled, top_k, top_p)
+    # Skipped on device (no host sync) when no row uses top-k or top-p, e.g. an all-greedy batch.
+    cutoff_k, cutoff_p = jax.lax.cond(
+        jnp.all(k_off & p_off),
+        lambda: (no_cutoff, no_cutoff),
+        lambda: methods[method](scaled, top_k, top_p),
+    )
     cutoff_m = jnp.where(min_p > 0.0, jnp.max(scaled, axis=-1) + jnp.log(min_p), no_cutoff)
     return jnp.maximum(jnp.maximum(cutoff_k, cutoff_p), cutoff_m)
 

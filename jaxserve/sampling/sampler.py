@@ -62,5 +62,6 @@ def sample(
     drawn = jnp.argmax(filtered + gumbel, axis=-1)
     token_ids = jnp.where(greedy, jnp.argmax(penalised, axis=-1), drawn).astype(jnp.int32)
 
-    logprobs = jnp.take_along_axis(jax.nn.log_softmax(raw, axis=-1), token_ids[:, None], axis=-1)[:, 0]
+    chosen = jnp.take_along_axis(raw, token_ids[:, None], axis=-1)[:, 0]
+    logprobs = chosen - jax.nn.logsumexp(raw, axis=-1)
     return SampleOutput(token_ids=token_ids, logprobs=logprobs)
