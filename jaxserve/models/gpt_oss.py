@@ -41,6 +41,7 @@ class GptOssForCausalLM(CausalLM):
         cfg = self.config
         if not cfg.num_local_experts or not cfg.num_experts_per_tok:
             raise ConfigError("gpt-oss config needs 'num_local_experts' and 'num_experts_per_tok'")
+        is_mxfp4(cfg.raw)  # an unsupported quantization fails at construction, before any loading
         return GptOssMoE(
             cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts, cfg.num_experts_per_tok,
             swiglu_limit=cfg.swiglu_limit if cfg.swiglu_limit is not None else 7.0,
