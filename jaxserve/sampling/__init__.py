@@ -2,6 +2,16 @@
 
 Host: `SamplingParams` (SGLang names), `SeedSource`, `build_sampling_batch`, `StopChecker`.
 Device (jittable, fused into the step): `sample`, the `PenaltyPool` functions, `apply_filters`.
+
+How an engine drives it (tests/sampling/test_sampling_loop.py does exactly this):
+- admit: `params = SamplingParams.from_dict(d).validate(vocab_size)`; `seed = seed_source.seed_for(params)`;
+  `checker = StopChecker(params, eos_ids, detokenize)`; if `params.uses_penalties`, give the request a pool
+  row: `clear_rows` then `mark_prompt_tokens` (per prefill chunk, or once with the whole prompt).
+- each step, for the rows that sample: `SamplingRow(params, seed, len(checker.output_ids), pool_row)` ->
+  `build_sampling_batch(rows, bucket)`; inside the jitted step `out = sample(logits, batch, pool)` and
+  `pool = update_counts(pool, batch.penalty_rows, out.token_ids)`. A row whose token will be discarded (a
+  prefill chunk that does not end the prompt) must not be in the batch with a pool row.
+- after the step: `checker.append(token)` per request; finished when it returns a reason.
 """
 
 from jaxserve.sampling.batch import NO_PENALTY_ROW, SamplingBatch, SamplingRow, build_sampling_batch

@@ -2,7 +2,7 @@
 
 Order per row (HF / SGLang): penalties -> temperature -> top-k -> top-p -> min-p -> Gumbel-max draw. Greedy
 rows (temperature 0) take the argmax of the penalised logits. No host sync, no data-dependent Python control
-flow: one trace per (S, V, dtype, penalties-or-None) shape.
+flow: one trace per (S, V, logits dtype, pool or None, filter_method).
 """
 
 from __future__ import annotations
