@@ -1,0 +1,75 @@
+"""`ServerArgs`: the engine's settings, with SGLang's names (`--page-size`, `--disable-radix-cache`, ...).
+
+Units: `max_total_tokens` and `chunked_prefill_size` count token slots; `page_size` is slots per page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerArgs:
+    """Engine configuration. Unknown keyword arguments raise TypeError naming the supported ones.
+
+    model_path: HF checkpoint directory (config.json + safetensors; tokenizer.json optional).
+    page_size: KV slots per page (1 = token granular). max_total_tokens: KV pool size in slots (whole
+    pages are used; page 0 is reserved on top). chunked_prefill_size: most tokens computed in one step
+    (prefill chunks and decode tokens together); a longer prompt is prefilled over several steps.
+    max_running_requests: most requests in a step (also the sequence bucket cap). context_length: longest
+    prompt + output (default: the model's max_position_embeddings). disable_radix_cache: no prefix reuse.
+    dtype: "auto" (checkpoint dtype), "float32", "bfloat16" or "float16" (parameters and KV pool).
+    swa_full_tokens_ratio: SWA pool size relative to the full pool for hybrid sliding-window models.
+    random_seed: base of the seeds given to requests without one. warmup: compile every bucket shape at
+    start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text.
+    """
+
+    model_path: str | None = None
+    page_size: int = 1
+    max_total_tokens: int = 8192
+    chunked_prefill_size: int = 512
+    max_running_requests: int = 32
+    context_length: int | None = None
+    disable_radix_cache: bool = False
+    dtype: str = "auto"
+    swa_full_tokens_ratio: float = 1.0
+    random_seed: int = 0
+    warmup: bool = False
+    skip_tokenizer_init: bool = False
+    attention_backend: str = "native"
+
+    def __post_init__(self) -> None:
+        positive = ("page_size", "max_total_tokens", "chunked_prefill_size", "max_running_requests")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"server arg {name}={value!r} must be an int >= 1")
+        if self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens={self.max_total_tokens} holds no page of {self.page_size}")
+        if self.max_running_requests > self.chunked_prefill_size:
+            raise ValueError(
+                f"max_running_requests={self.max_running_requests} exceeds chunked_prefill_size="
+                f"{self.chunked_prefill_size}: every running request needs a token of the step budget"
+            )
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length={self.context_length} must be >= 2")
+        if not 0 < self.swa_full_tokens_ratio <= 1:
+            raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype={self.dtype!r}; choose auto, float32, bfloat16 or float16")
+
+    @property
+    def num_pages(self) -> int:
+        """Allocatable full pages (page 0 is reserved on top of these)."""
+        return self.max_total_tokens // self.page_size
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> ServerArgs:
+        """Build from keyword arguments; unknown names raise TypeError listing the supported ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown server arg(s) {unknown}; supported: {sorted(known)}")
+        return cls(**kwargs)

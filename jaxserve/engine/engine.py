@@ -1,0 +1,254 @@
+"""`Engine`: the offline API (SGLang's `Engine.generate` shape) and the step API for a user's own loop.
+
+    engine = Engine(model_path="/ckpt", page_size=16, chunked_prefill_size=256)
+    out = engine.generate("Hello", {"temperature": 0, "max_new_tokens": 16})
+    out["text"], out["output_ids"], out["meta_info"]["cached_tokens"]
+
+Low level (a plain Python loop over the same machinery): `rid = engine.submit(input_ids=[...])`, then
+`while not engine.idle: for req in engine.step(): ...` (each `step` schedules one ragged batch, runs the
+jitted forward + sampling on device, applies the results and returns the requests that finished);
+`engine.abort(rid)`, `engine.flush_cache()`, `engine.check_memory()`. `engine.kv` (pools, allocator, tree),
+`engine.scheduler` and `engine.runner` are the parts, documented in their modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cache import CachedReq
+from jaxserve.engine.config import ServerArgs
+from jaxserve.engine.errors import (
+    EngineBusyError,
+    InvalidRequestError,
+    PromptTooLongError,
+    RequestTooLargeError,
+    UnknownRequestError,
+)
+from jaxserve.engine.inputs import (
+    InputIds,
+    ParamsArg,
+    Prompt,
+    check_token_ids,
+    normalise_params,
+    normalise_prompts,
+)
+from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.request import Request, Status
+from jaxserve.engine.runner import ModelRunner
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.step_input import Buckets, build_step_input
+from jaxserve.models.decoder import CausalLM
+from jaxserve.sampling import SamplingParams, SeedSource, StopChecker
+
+
+class Engine:
+    """One model, one KV pool, one scheduler, in this process. Not thread-safe: call it from one thread.
+
+    `Engine(model_path=..., **server_args)` loads a checkpoint; `Engine(model=..., tokenizer=..., ...)`
+    serves an already built `CausalLM` (tokenizer optional: without one, pass input_ids and get ids back).
+    Server args are `ServerArgs` fields (SGLang names). `buckets` (advanced) replaces the default
+    power-of-two shape buckets, e.g. fewer shapes for fewer compilations.
+    """
+
+    def __init__(self, model_path: str | None = None, *, model: CausalLM | None = None, tokenizer=None,
+                 buckets: Buckets | None = None, **server_args: Any) -> None:
+        self.args = ServerArgs.from_kwargs({"model_path": model_path, **server_args})
+        if model is None:
+            model, tokenizer = self._load(self.args)
+        self.model, self.tokenizer = model, tokenizer
+        config = model.config
+        self.vocab_size = int(config.vocab_size)
+        self.context_length = int(self.args.context_length or config.max_position_embeddings or 4096)
+        self.eos_token_ids = _eos_ids(config.raw, tokenizer)
+        args = self.args
+        swa_pages = max(1, int(args.num_pages * args.swa_full_tokens_ratio))
+        self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
+                          kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
+                          swa_num_pages=swa_pages)
+        max_pages = min(-(-self.context_length // args.page_size), args.num_pages)
+        self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
+                                                     max_seqs=args.max_running_requests, max_pages=max_pages)
+        _check_buckets(self.buckets, args, max_pages)
+        self.runner = ModelRunner(model, self.kv, self.buckets, args.max_running_requests)
+        self.scheduler = Scheduler(self.kv, max_tokens=args.chunked_prefill_size,
+                                   max_running=args.max_running_requests,
+                                   set_penalty_row=self.runner.set_penalty_row)
+        self._seeds = SeedSource(args.random_seed)
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
+        if args.warmup:
+            self.runner.warmup()
+
+    @staticmethod
+    def _load(args: ServerArgs):
+        from jaxserve.loader.load import load_model
+        from jaxserve.loader.tokenizer import HFTokenizer
+
+        if args.model_path is None:
+            raise InvalidRequestError("Engine needs model_path= (a checkpoint directory) or model=")
+        model = load_model(args.model_path, dtype=None if args.dtype == "auto" else args.dtype)
+        has_tok = (Path(args.model_path) / "tokenizer.json").exists() and not args.skip_tokenizer_init
+        return model, HFTokenizer(args.model_path) if has_tok else None
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, prompt: str | None = None, *, input_ids=None,
+               sampling_params: SamplingParams | dict | None = None, rid: str | None = None) -> str:
+        """Validate and queue one request; returns its id. Raises InvalidRequestError (or a subclass:
+        PromptTooLongError, RequestTooLargeError) / InvalidSamplingParamsError with nothing queued."""
+        items, _ = normalise_prompts(prompt, input_ids)
+        params = normalise_params(sampling_params, 1, self.vocab_size)[0]
+        return self._submit(items[0], params, 0, rid)
+
+    def _submit(self, item: str | list[int], params: SamplingParams, index: int, rid: str | None) -> str:
+        if isinstance(item, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("this engine has no tokenizer: pass input_ids instead of text")
+            item = self.tokenizer.encode(item)
+        ids = check_token_ids(item, self.vocab_size, index)
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; use stop_token_ids")
+        room = self.context_length - ids.shape[0]
+        if room < 1:
+            raise PromptTooLongError(f"request {index}: prompt has {ids.shape[0]} tokens; the context length "
+                                     f"is {self.context_length}, leaving no room for a new token")
+        params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
+        kv_tokens = ids.shape[0] + max(params.max_new_tokens - 1, 0)
+        if not self.kv.fits_alone(kv_tokens):
+            raise RequestTooLargeError(
+                f"request {index}: {kv_tokens} tokens of KV (prompt + max_new_tokens - 1) exceed the pool of "
+                f"{self.kv.num_slots} slots; raise max_total_tokens or lower max_new_tokens")
+        rid = rid if rid is not None else f"req-{next(self._ids)}"
+        if rid in self._requests and not self._requests[rid].finished:
+            raise InvalidRequestError(f"request id {rid!r} is already live")
+        skip = params.skip_special_tokens
+        detok = (lambda t: self.tokenizer.decode(list(t), skip_special_tokens=skip)) if self.tokenizer \
+            else (lambda t: "")
+        req = Request(rid, ids, params, self._seeds.seed_for(params), params.max_new_tokens,
+                      StopChecker(params, self.eos_token_ids, detok), CachedReq(self.kv.tree.root))
+        self._requests[rid] = req
+        if req.stop.finished:  # max_new_tokens == 0: nothing to compute
+            req.status, req.finish_time = Status.FINISHED, time.perf_counter()
+        else:
+            self.scheduler.add(req)
+        return rid
+
+    def abort(self, rid: str) -> None:
+        """Stop a request wherever it is (queued, mid-prefill, mid-decode); its private KV is freed now."""
+        self.scheduler.abort(self.request(rid))
+
+    def request(self, rid: str) -> Request:
+        try:
+            return self._requests[rid]
+        except KeyError:
+            raise UnknownRequestError(f"no request with id {rid!r}") from None
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[Request]:
+        """Schedule, run and apply one step; returns the requests that finished in it ([] when idle)."""
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        out = self.runner.run(build_step_input(batch, self.kv, self.buckets))
+        t1 = time.perf_counter()
+        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
+        t2 = time.perf_counter()
+        finished = self.scheduler.process(batch, token_ids, logprobs)
+        self.stats["steps"] += 1
+        self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
+        self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)
+        self.stats["device_wait_s"] += t2 - t1
+        return finished
+
+    def run_until_idle(self) -> None:
+        while not self.idle:
+            self.step()
+
+    def output(self, rid: str) -> dict:
+        """text, output_ids and meta_info of a request (partial while it runs)."""
+        req = self.request(rid)
+        return {"text": req.stop.text, "output_ids": list(req.output_ids), "meta_info": req.meta_info()}
+
+    # ------------------------------------------------------------------ offline API
+    def generate(self, prompt: Prompt = None, sampling_params: ParamsArg = None, input_ids: InputIds = None,
+                 stream: bool = False) -> dict | list[dict] | Iterator[dict]:
+        """SGLang's offline `Engine.generate`: one prompt -> one dict, a list -> a list of dicts, each with
+        `text`, `output_ids`, `meta_info` (prompt_tokens, completion_tokens, cached_tokens, finish_reason,
+        e2e_latency). `stream=True` returns an iterator of incremental chunks (see `_stream`). Every request
+        is validated before any is queued."""
+        items, is_batch = normalise_prompts(prompt, input_ids)
+        params = normalise_params(sampling_params, len(items), self.vocab_size)
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                check_token_ids(item, self.vocab_size, i)
+        rids = [self._submit(item, p, i, None) for i, (item, p) in enumerate(zip(items, params, strict=True))]
+        if stream:
+            return self._stream(rids, is_batch)
+        while not all(self._requests[r].finished for r in rids):
+            self.step()
+        outs = [self.output(r) for r in rids]
+        return outs if is_batch else outs[0]
+
+    def _stream(self, rids: list[str], is_batch: bool) -> Iterator[dict]:
+        """Yield `{"text": delta, "output_ids": new ids, "finished", "meta_info"}` (plus "index" for a batch)
+        per request whenever it has something new; text held back while it may still become a stop string."""
+        sent = dict.fromkeys(rids, 0)
+        pending = set(rids)
+        while pending:
+            self.step()
+            for i, rid in enumerate(rids):
+                req = self._requests[rid]
+                if rid not in pending or (len(req.output_ids) == sent[rid] and not req.finished):
+                    continue
+                chunk = {"text": req.stop.stream_delta(), "output_ids": list(req.output_ids[sent[rid]:]),
+                         "finished": req.finished, "meta_info": req.meta_info()}
+                sent[rid] = len(req.output_ids)
+                if req.finished:
+                    pending.discard(rid)
+                yield {**chunk, "index": i} if is_batch else chunk
+
+    # ------------------------------------------------------------------ memory
+    def flush_cache(self) -> bool:
+        """Drop the prefix tree (all cached KV back to the allocator). Only when idle: raises EngineBusyError
+        otherwise. Returns True."""
+        if not self.idle:
+            raise EngineBusyError(f"flush_cache with {len(self.scheduler.running)} running and "
+                                  f"{len(self.scheduler.waiting)} waiting requests; wait or abort them")
+        self.kv.flush()
+        return True
+
+    def check_memory(self) -> dict[str, int]:
+        """Prove slot ownership (free / tree / live requests partition the pool); returns the counts."""
+        return self.kv.check([r.cached for r in self.scheduler.running])
+
+    @property
+    def num_prompt_tokens_computed(self) -> int:
+        return self.scheduler.num_prompt_tokens_computed
+
+
+def _eos_ids(raw_config: dict, tokenizer) -> list[int]:
+    ids = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
+    eos = raw_config.get("eos_token_id")
+    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(int(i) for i in ids)
+
+
+def _check_buckets(buckets: Buckets, args: ServerArgs, max_pages: int) -> None:
+    """The largest bucket of each kind must cover the largest step the scheduler can build."""
+    limits = {"tokens": args.chunked_prefill_size, "seqs": args.max_running_requests, "pages": max_pages}
+    for name, limit in limits.items():
+        if max(getattr(buckets, name)) < limit:
+            raise ValueError(f"buckets.{name} tops out at {max(getattr(buckets, name))} but steps may need "
+                             f"{limit}")

@@ -1,0 +1,118 @@
+"""`KVCache`: the pools, the allocator and the prefix tree of one engine, and the scheduler's memory verbs.
+
+Picks the plain `RadixCache` over one `KVPool`, or for hybrid sliding-window models (gpt-oss, Gemma) the
+`SWARadixCache` over a `HybridKVPool` with an SWA allocator (window from the model config, in tokens
+including self). The device pools live here too; only the runner replaces them (donated each step).
+
+Units: slots (token positions in the pool), pages of `page_size` slots. Ownership follows `cache`: a slot is
+free (allocator), in the tree, or private to one live request (`CachedReq.kv_slots[last_matched:]`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cache import CachedReq, RadixCache
+from jaxserve.memory import (
+    AllocatorFacade,
+    SWAAllocatorFacade,
+    make_allocator,
+    make_swa_allocator,
+)
+from jaxserve.models.config import ModelConfig
+from jaxserve.models.kv_layout import KVLayout
+
+
+class KVCache:
+    """Pools + allocator facade + tree for a model. `num_pages` full pages (plus reserved page 0);
+    hybrid models get `swa_num_pages` SWA pages."""
+
+    def __init__(self, config: ModelConfig, *, num_pages: int, page_size: int, kv_dtype,
+                 disable_radix_cache: bool, swa_num_pages: int | None = None) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.layout = KVLayout.from_config(config)
+        self.hybrid = self.layout.hybrid
+        if self.hybrid:
+            from cache import SWARadixCache
+
+            self.swa_num_pages = swa_num_pages or num_pages
+            self.allocator = SWAAllocatorFacade(make_swa_allocator(num_pages, self.swa_num_pages, page_size))
+            self.tree = SWARadixCache(self.allocator, sliding_window=int(config.sliding_window),
+                                      page_size=page_size, disabled=disable_radix_cache)
+        else:
+            self.swa_num_pages = None
+            self.allocator = AllocatorFacade(make_allocator(num_pages, page_size))
+            self.tree = RadixCache(self.allocator, page_size=page_size, disabled=disable_radix_cache)
+        self.pools = self.layout.make_pools(num_pages, page_size, kv_dtype, swa_num_pages=self.swa_num_pages)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    def available_slots(self) -> int:
+        """Free full slots (the scarcer side for hybrid pools when the ratio is 1)."""
+        if self.hybrid:
+            return min(self.allocator.full_available_size(), self.allocator.swa_available_size())
+        return self.allocator.available_size()
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def fits_alone(self, num_tokens: int) -> bool:
+        """Can a request with `num_tokens` tokens of KV ever run (the whole pool, tree evicted)?"""
+        swa_pages = self.swa_num_pages if self.hybrid else self.num_pages
+        return self.pages_for(num_tokens) <= min(self.num_pages, swa_pages)
+
+    # ------------------------------------------------------------------ allocation
+    def _make_room(self, num_slots: int) -> None:
+        """Evict least-recently-used unlocked tree nodes until `num_slots` slots are free (or nothing is
+        evictable)."""
+        if self.hybrid:
+            full_short = num_slots - self.allocator.full_available_size()
+            swa_short = num_slots - self.allocator.swa_available_size()
+            if full_short > 0 or swa_short > 0:
+                self.tree.evict(max(full_short, 0), max(swa_short, 0))
+        else:
+            short = num_slots - self.allocator.available_size()
+            if short > 0:
+                self.tree.evict(short)
+
+    def extend(self, req: CachedReq, start: int, stop: int) -> bool:
+        """Give `req` slots for positions `[start, stop)` (start == len(req.kv_slots)), evicting tree nodes
+        first if short. The slots become the request's (appended to `kv_slots`). Returns False, with
+        nothing taken, when the pool cannot hold them even after eviction."""
+        if start != req.kv_slots.shape[0] or stop <= start:
+            raise ValueError(f"extend [{start}, {stop}) does not continue {req.kv_slots.shape[0]} slots")
+        new_pages = self.pages_for(stop) - self.pages_for(start)
+        self._make_room(new_pages * self.page_size)
+        last_loc = int(req.kv_slots[start - 1]) if start else 0
+        slots = self.allocator.alloc_extend(np.array([start]), np.array([stop]), np.array([last_loc]))
+        if slots is None:
+            return False
+        req.kv_slots = np.concatenate([req.kv_slots, slots.astype(req.kv_slots.dtype)])
+        return True
+
+    # ------------------------------------------------------------------ step inputs
+    def page_ids(self, req: CachedReq, num_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Full-group page ids covering positions `[0, num_tokens)`, and the SWA group's (0 where a
+        tombstone freed them) for hybrid pools, else None."""
+        first_slots = req.kv_slots[:num_tokens:self.page_size]
+        full = (first_slots // self.page_size).astype(np.int32)
+        if not self.hybrid:
+            return full, None
+        swa = (self.allocator.swa_slots_of(first_slots) // self.page_size).astype(np.int32)
+        return full, swa
+
+    # ------------------------------------------------------------------ checks and reset
+    def check(self, live: list[CachedReq] = ()) -> dict[str, int]:
+        """Prove the ownership rules (free / tree / live-private partition every page); returns counts."""
+        return self.tree.check_invariants(list(live))
+
+    def tree_slots(self) -> int:
+        return int(self.tree.total_size())
+
+    def flush(self) -> None:
+        """Drop the whole tree, freeing its slots (the caller guarantees no live request holds a lock)."""
+        self.tree.reset()

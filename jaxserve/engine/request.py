@@ -1,0 +1,89 @@
+"""`Request`: one generation request on the host, from submission to finish.
+
+A request's tokens are `fill_ids = prompt_ids + output_ids`. `num_computed` of them have KV in the pool (at
+`cached.kv_slots[:num_computed]`); the rest are fed in the next steps. A running request that has sampled its
+last token has `num_computed == len(fill_ids) - 1` (a decode feeds that one token). Retraction keeps the
+output: the request comes back with a longer "prompt" to recompute, minus whatever prefix the tree still has.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cache import CachedReq
+from jaxserve.sampling import SamplingParams, StopChecker
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class Request:
+    """Host state of a request. `cached` is the prefix cache's view (slots, lock); `stop` owns the output
+    ids, the text and the finish reason. `max_new_tokens` is the effective cap (clamped to the context)."""
+
+    rid: str
+    prompt_ids: np.ndarray
+    params: SamplingParams
+    seed: int
+    max_new_tokens: int
+    stop: StopChecker
+    cached: CachedReq
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    penalty_row: int | None = None
+    logprobs: list[float] = field(default_factory=list)
+    arrival_time: float = field(default_factory=time.perf_counter)
+    finish_time: float | None = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.stop.output_ids
+
+    @property
+    def fill_len(self) -> int:
+        return int(self.prompt_ids.shape[0]) + len(self.stop.output_ids)
+
+    def fill_ids(self) -> np.ndarray:
+        """prompt + output as int32 (a fresh array)."""
+        out = np.asarray(self.stop.output_ids, np.int32)
+        return np.concatenate([self.prompt_ids, out]) if out.size else self.prompt_ids.copy()
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens to feed before the next sample (1 for a decoding request)."""
+        return self.fill_len - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (Status.FINISHED, Status.ABORTED)
+
+    def finish_reason(self) -> dict | None:
+        if self.status is Status.ABORTED:
+            return {"type": "abort", "message": "aborted by the caller"}
+        return self.stop.finish_reason
+
+    def meta_info(self) -> dict:
+        """SGLang-style meta_info: token counts, prefix-cache hits and the finish reason."""
+        end = self.finish_time if self.finish_time is not None else time.perf_counter()
+        info = {
+            "id": self.rid,
+            "prompt_tokens": int(self.prompt_ids.shape[0]),
+            "completion_tokens": len(self.stop.output_ids),
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason(),
+            "e2e_latency": end - self.arrival_time,
+        }
+        if self.params.return_logprob:
+            info["output_token_logprobs"] = list(zip(self.logprobs, self.stop.output_ids, strict=True))
+        return info

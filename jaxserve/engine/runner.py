@@ -1,0 +1,86 @@
+"""`ModelRunner`: the jitted device step (forward + on-device sampling) and the device state it carries.
+
+One step = `step(params, kv_pools, penalties, inp) -> (kv_pools, penalties, SampleOutput)`: the model writes
+this step's K/V into the donated pools and attends through the page tables, then `jaxserve.sampling.sample`
+draws one token per sequence row in the same executable, so only `S` token ids and `S` logprobs come back
+to the host. The penalty pool (token counts for repetition/frequency/presence penalties, one row per running
+request) is donated too. Dispatch is asynchronous: `run` returns device arrays at once; reading them
+(`np.asarray`) waits for the step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.step_input import Buckets, StepInput, padding_step_input
+from jaxserve.models.decoder import CausalLM
+from jaxserve.sampling import PenaltyPool, SampleOutput, new_penalty_pool, sample, update_counts
+
+
+@functools.lru_cache(maxsize=8)
+def _make_step(graphdef):
+    """The jitted step for one model graph; cached so that engines over the same model share executables."""
+    @functools.partial(jax.jit, donate_argnames=("kv_pools", "penalties"))
+    def step(params, kv_pools, penalties: PenaltyPool, inp: StepInput):
+        model = nnx.merge(graphdef, params)
+        logits, kv_pools, _ = model(inp.input_ids, inp.meta, kv_pools)
+        out = sample(logits, inp.sampling, penalties)
+        penalties = update_counts(penalties, inp.sampling.penalty_rows, out.token_ids)
+        return kv_pools, penalties, out
+
+    return step
+
+
+@functools.partial(jax.jit, donate_argnames=("penalties",))
+def _set_penalty_row(penalties: PenaltyPool, row, prompt_mask, counts) -> PenaltyPool:
+    return PenaltyPool(penalties.output_counts.at[row].set(counts),
+                       penalties.prompt_mask.at[row].set(prompt_mask))
+
+
+class ModelRunner:
+    """Owns the split model parameters, the jitted step and the penalty pool; steps `kv.pools` in place
+    (the pools are donated and replaced by the step's outputs)."""
+
+    def __init__(self, model: CausalLM, kv: KVCache, buckets: Buckets, num_penalty_rows: int) -> None:
+        graphdef, self.params = nnx.split(model)
+        self.kv = kv
+        self.buckets = buckets
+        self.vocab_size = int(model.config.vocab_size)
+        self.penalties = new_penalty_pool(num_penalty_rows, self.vocab_size)
+        self._step = _make_step(graphdef)
+
+    def run(self, inp: StepInput) -> SampleOutput:
+        """Dispatch one step; returns the sampled ids/logprobs as device arrays (not yet waited for)."""
+        self.kv.pools, self.penalties, out = self._step(self.params, self.kv.pools, self.penalties, inp)
+        return out
+
+    def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
+        """Give penalty row `row` to a request: prompt tokens marked, output tokens counted (also after a
+        retraction, so counts survive recomputation)."""
+        mask = np.zeros(self.vocab_size, bool)
+        mask[np.asarray(prompt_ids, np.int64)] = True
+        counts = np.bincount(np.asarray(output_ids, np.int64), minlength=self.vocab_size).astype(np.int32)
+        self.penalties = _set_penalty_row(self.penalties, jnp.int32(row), mask, counts)
+
+    @property
+    def num_compiles(self) -> int:
+        """Distinct executables of the step so far (one per bucket shape used)."""
+        return self._step._cache_size()
+
+    def warmup(self, *, progress: bool = True) -> int:
+        """Compile every bucket shape (seqs <= tokens) with all-padding inputs (they write only the reserved
+        slot 0). Returns the number of shapes. Cost: one compile per shape."""
+        b = self.buckets
+        shapes = [(t, s, p) for t, s, p in itertools.product(b.tokens, b.seqs, b.pages) if s <= t]
+        for t, s, p in tqdm(shapes, desc="compiling step buckets", unit="shape", disable=not progress):
+            out = self.run(padding_step_input(self.kv, t, s, p))
+        jax.block_until_ready(out.token_ids)
+        return len(shapes)

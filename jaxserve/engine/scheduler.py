@@ -1,0 +1,169 @@
+"""`Scheduler`: continuous batching on the host - admission, chunked prefill, eviction, retraction, finish.
+
+Each `schedule()` builds one ragged step of at most `max_tokens` tokens:
+1. running requests, decodes (one token) before prefill continuations, each in admission order; a request's
+   slots are allocated here (`KVCache.extend`, which evicts unlocked tree nodes first when short). If the pool
+   is still short, the newest running request is *retracted*: `release_req` frees its private KV while the
+   tree keeps (unlocked) what it had cached, and the request goes back to the front of the queue with its
+   output so far, to be recomputed from whatever prefix the tree still holds. The oldest request therefore
+   always progresses: a request that fits the pool alone (checked on submit) always finishes.
+2. waiting requests, first come first served, while tokens, sequence rows and memory last (not in a step that
+   retracted): `admit` matches and locks the longest cached prefix, the rest is prefilled in chunks.
+After the step, `process` appends sampled tokens, caches finished chunks (`cache_unfinished_req`) and
+finished requests (`cache_finished_req`). Cache call sites follow reference doc §19.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxserve.engine.errors import SchedulerStuckError
+from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.request import Request, Status
+from jaxserve.engine.step_input import ScheduledSeq
+
+PenaltyRowSetter = Callable[[int, np.ndarray, list], None]
+
+
+class Scheduler:
+    """Queue + running set over one `KVCache`. `max_tokens`: step token budget (chunked_prefill_size);
+    `max_running`: most requests running at once. `set_penalty_row(row, prompt_ids, output_ids)` is called
+    when a request using penalties is (re)admitted."""
+
+    def __init__(self, kv: KVCache, *, max_tokens: int, max_running: int,
+                 set_penalty_row: PenaltyRowSetter | None = None) -> None:
+        self.kv = kv
+        self.max_tokens = max_tokens
+        self.max_running = max_running
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_rows = list(range(max_running - 1, -1, -1))
+        self._set_penalty_row = set_penalty_row
+        self.num_retractions = 0
+        self.num_prompt_tokens_computed = 0  # prompt positions whose KV was computed (recomputes included)
+
+    # ------------------------------------------------------------------ queue
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def live_requests(self) -> list[Request]:
+        return [*self.running, *self.waiting]
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> list[ScheduledSeq]:
+        """The next step's sequences, their slots allocated. Empty only when idle."""
+        for _ in range(2):
+            batch = self._schedule_once()
+            if batch or self.idle:
+                return batch
+        raise SchedulerStuckError(f"no progress with {len(self.running)} running and {len(self.waiting)} "
+                                  f"waiting requests ({self.kv.available_slots()} slots free)")
+
+    def _schedule_once(self) -> list[ScheduledSeq]:
+        batch: list[ScheduledSeq] = []
+        budget, retracted = self.max_tokens, False
+        for req in sorted(self.running, key=lambda r: r.num_remaining > 1):
+            if budget == 0:
+                break
+            if req.status is not Status.RUNNING:
+                continue  # retracted earlier in this loop
+            num_tokens = min(req.num_remaining, budget)
+            while not self.kv.extend(req.cached, req.num_computed, req.num_computed + num_tokens):
+                victim = self.running[-1]
+                budget += self._retract(victim, batch)
+                retracted = True
+                if victim is req:
+                    break
+            else:
+                batch.append(ScheduledSeq(req, req.num_computed, num_tokens))
+                budget -= num_tokens
+        while not retracted and self.waiting and budget > 0 and len(self.running) < self.max_running:
+            seq = self._admit(self.waiting[0], budget)
+            if seq is None:
+                break
+            batch.append(seq)
+            budget -= seq.num_tokens
+        return batch
+
+    def _admit(self, req: Request, budget: int) -> ScheduledSeq | None:
+        """Match + lock the cached prefix and allocate the first chunk; None (nothing held) if short."""
+        fill = req.fill_ids()
+        prefix = self.kv.tree.admit(req.cached, fill)
+        num_tokens = min(fill.shape[0] - prefix, budget)
+        if not self.kv.extend(req.cached, prefix, prefix + num_tokens):
+            self.kv.tree.release_req(req.cached)
+            return None
+        self.waiting.popleft()
+        self.running.append(req)
+        req.status, req.num_computed = Status.RUNNING, prefix
+        if req.num_retractions == 0:
+            req.cached_tokens = prefix
+        if req.params.uses_penalties and self._set_penalty_row is not None:
+            req.penalty_row = self._free_rows.pop()
+            self._set_penalty_row(req.penalty_row, req.prompt_ids, list(req.output_ids))
+        return ScheduledSeq(req, prefix, num_tokens)
+
+    def _retract(self, req: Request, batch: list[ScheduledSeq]) -> int:
+        """Preempt a running request: free its private KV (the tree keeps its cached part), requeue it at the
+        front. Returns the step tokens it gave back."""
+        given_back = sum(s.num_tokens for s in batch if s.req is req)
+        batch[:] = [s for s in batch if s.req is not req]
+        self._drop_running(req)
+        self.kv.tree.release_req(req.cached)
+        req.status, req.num_computed = Status.WAITING, 0
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+        return given_back
+
+    def _drop_running(self, req: Request) -> None:
+        self.running.remove(req)
+        if req.penalty_row is not None:
+            self._free_rows.append(req.penalty_row)
+            req.penalty_row = None
+
+    # ------------------------------------------------------------------ results
+    def process(self, batch: list[ScheduledSeq], token_ids: np.ndarray,
+                logprobs: np.ndarray) -> list[Request]:
+        """Apply a finished step: advance `num_computed`, append sampled tokens, cache chunks, finish
+        requests (their KV goes to the tree or back to the allocator). Returns the requests that finished."""
+        finished = []
+        for row, seq in enumerate(batch):
+            req = seq.req
+            if req.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            req.num_computed = seq.start + seq.num_tokens
+            prompt_len = int(req.prompt_ids.shape[0])
+            self.num_prompt_tokens_computed += max(0, min(req.num_computed, prompt_len) - seq.start)
+            if not seq.samples:
+                self.kv.tree.cache_unfinished_req(req.cached, req.fill_ids()[: req.num_computed])
+                continue
+            req.logprobs.append(float(logprobs[row]))
+            if req.stop.append(int(token_ids[row])) is not None:
+                self._finish(req)
+                finished.append(req)
+        return finished
+
+    def _finish(self, req: Request) -> None:
+        self._drop_running(req)
+        self.kv.tree.cache_finished_req(req.cached, req.fill_ids())
+        req.status, req.finish_time = Status.FINISHED, time.perf_counter()
+
+    def abort(self, req: Request) -> None:
+        """Stop a request wherever it is; its private KV returns to the allocator now."""
+        if req.status is Status.WAITING:
+            self.waiting.remove(req)
+        elif req.status is Status.RUNNING:
+            self._drop_running(req)
+            self.kv.tree.release_req(req.cached)
+        else:
+            return
+        req.status, req.finish_time = Status.ABORTED, time.perf_counter()

@@ -1,0 +1,109 @@
+"""`StepInput`: the one flat pytree that crosses the host/device boundary per step, and its builder.
+
+A step is a ragged batch: sequence after sequence, each feeding `num_tokens` tokens starting at position
+`start` (a prefill chunk, or one decode token). Shapes are padded to `Buckets` so the jitted step compiles
+once per (tokens, sequences, pages) bucket triple; padding tokens write to the reserved slot 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.request import Request
+from jaxserve.layers.attention_metadata import AttentionMetadata, SequenceStep, build_attention_metadata
+from jaxserve.sampling import SamplingBatch, SamplingParams, SamplingRow, build_sampling_batch
+
+_PAD_PARAMS = SamplingParams(temperature=0.0)
+
+
+def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2*lo, 4*lo, ... below hi, then hi itself (hi >= 1)."""
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    return (*out, hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+    """Padded sizes: `tokens` per step, `seqs` per step, `pages` per sequence (page-table width)."""
+
+    tokens: tuple[int, ...]
+    seqs: tuple[int, ...]
+    pages: tuple[int, ...]
+
+    @classmethod
+    def for_limits(cls, *, max_tokens: int, max_seqs: int, max_pages: int) -> Buckets:
+        """Powers of two up to each limit (tokens from 16, pages from 4), the limit itself last."""
+        return cls(_powers_of_two(min(16, max_tokens), max_tokens), _powers_of_two(1, max_seqs),
+                   _powers_of_two(min(4, max_pages), max_pages))
+
+    @property
+    def num_shapes(self) -> int:
+        """Upper bound on the step's compilations: every (tokens, seqs, pages) triple with seqs <= tokens."""
+        return sum(1 for t in self.tokens for s in self.seqs if s <= t) * len(self.pages)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StepInput:
+    """input_ids i32[T]; `meta` (positions, slots, page tables, kv_lens, sample_idx); `sampling` (one row
+    per sequence, padded to S)."""
+
+    input_ids: np.ndarray | jax.Array
+    meta: AttentionMetadata
+    sampling: SamplingBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledSeq:
+    """`req` feeds its tokens `[start, start + num_tokens)` this step; it samples when they end its fill."""
+
+    req: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_tokens == self.req.fill_len
+
+
+def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets) -> StepInput:
+    """Pack the scheduled sequences (their slots already allocated) into a padded StepInput. O(T + S*pages)
+    on the host. Rows of sequences that do not sample this step get greedy padding parameters."""
+    steps, tokens, rows = [], [], []
+    for seq in seqs:
+        req, stop = seq.req, seq.start + seq.num_tokens
+        full, swa = kv.page_ids(req.cached, stop)
+        steps.append(SequenceStep(seq.num_tokens, stop, full, swa))
+        tokens.append(req.fill_ids()[seq.start:stop])
+        if seq.samples:
+            rows.append(SamplingRow(req.params, req.seed, len(req.output_ids), req.penalty_row))
+        else:
+            rows.append(SamplingRow(_PAD_PARAMS, 0, 0, None))
+    meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid,
+                                    token_buckets=buckets.tokens, seq_buckets=buckets.seqs,
+                                    page_buckets=buckets.pages)
+    input_ids = np.zeros(meta.num_tokens, np.int32)
+    flat = np.concatenate(tokens)
+    input_ids[: flat.shape[0]] = flat
+    sampling = build_sampling_batch(rows, meta.num_seqs)
+    return StepInput(input_ids, meta, sampling)
+
+
+def padding_step_input(kv: KVCache, num_tokens: int, num_seqs: int, num_pages: int) -> StepInput:
+    """An all-padding StepInput of exactly these bucket sizes (for warm-up compiles): writes go to slot 0."""
+    meta = AttentionMetadata(
+        positions=np.zeros(num_tokens, np.int32), seq_ids=np.zeros(num_tokens, np.int32),
+        write_slots=np.zeros(num_tokens, np.int32), page_table=np.zeros((num_seqs, num_pages), np.int32),
+        kv_lens=np.zeros(num_seqs, np.int32), sample_idx=np.zeros(num_seqs, np.int32),
+        swa_write_slots=np.zeros(num_tokens, np.int32) if kv.hybrid else None,
+        swa_page_table=np.zeros((num_seqs, num_pages), np.int32) if kv.hybrid else None,
+        page_size=kv.page_size)
+    return StepInput(np.zeros(num_tokens, np.int32), meta, build_sampling_batch([], num_seqs))
