@@ -54,7 +54,7 @@ def _slots(pages, key_idx, page_size):
 
 
 def _run(page_size, *, window=None, sinks=None, softcap=None, scale=None, dtype=jnp.float32, seed=0,
-         custom=None):
+         custom=None, token_block=64):
     rng = np.random.RandomState(seed)
     seqs = _scenario(page_size, rng)
     pool = make_kv_pool(1, NUM_PAGES, page_size, HKV, D, dtype)
@@ -73,7 +73,8 @@ def _run(page_size, *, window=None, sinks=None, softcap=None, scale=None, dtype=
     v_new = np.concatenate([v_new, rng.randn(pad, HKV, D).astype(np.float32)])
     q = rng.randn(meta.num_tokens, HQ, D).astype(np.float32)
     fn = jax.jit(lambda q, k, v, pool, meta: get_backend("native")(
-        q, k, v, pool, 0, meta, sliding_window=window, sinks=sinks, logit_softcap=softcap, scale=scale))
+        q, k, v, pool, 0, meta, sliding_window=window, sinks=sinks, logit_softcap=softcap, scale=scale,
+        token_block=token_block))
     cast = (lambda x: jnp.asarray(x, dtype))
     out, pool = fn(cast(q), cast(k_new), cast(v_new), pool, meta)
 
@@ -101,6 +102,13 @@ def _run(page_size, *, window=None, sinks=None, softcap=None, scale=None, dtype=
 def test_matches_reference_for_ragged_batch(page_size, window):
     got, want, _ = _run(page_size, window=window)
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_token_blocks_give_the_same_result():
+    whole, want, _ = _run(4, window=5, seed=5)
+    blocked, _, _ = _run(4, window=5, seed=5, token_block=4)  # 16 padded tokens in 4 blocks
+    np.testing.assert_allclose(blocked, want, atol=2e-5)
+    np.testing.assert_allclose(blocked, whole, atol=1e-6)
 
 
 def test_sinks_softcap_and_scale_override():

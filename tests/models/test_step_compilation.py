@@ -80,7 +80,8 @@ def test_compiled_step_never_copies_a_pool(hybrid):
     assert model.kv_layout.hybrid == hybrid
     forward, params = make_forward(model)
     pools = model.kv_layout.make_pools(300, PAGE_SIZE, jnp.bfloat16)
-    steps = [SequenceStep(6, 6, list(range(1, 17)), list(range(1, 17)) if hybrid else None)]
+    pages = list(range(1, 33))  # a 100-token prefill: 128-token bucket, attention in two token blocks
+    steps = [SequenceStep(100, 100, pages, pages if hybrid else None)]
     meta = build_attention_metadata(steps, page_size=PAGE_SIZE, with_swa=hybrid, page_buckets=PAGE_BUCKETS)
     hlo = forward.lower(params, np.zeros(meta.num_tokens, np.int32), meta, pools).compile().as_text()
     shapes = {f"u16[{','.join(map(str, a.shape))}]" for a in jax.tree.leaves(pools)}

@@ -1,8 +1,8 @@
 """Reference paged attention in plain JAX/XLA: gather keys through the page table, masked softmax.
 
-Memory is O(T * max_kv_len * kv_heads * head_dim) for the gathered keys - a correctness oracle and CPU path,
-not a fast kernel. Supports GQA, sliding windows, learned sinks, logit soft-capping, a scale override and a
-custom mask (see `jaxserve.layers.attention_metadata` for the visibility rule).
+Memory is O(token_block * max_kv_len * kv_heads * head_dim) for the gathered keys - a correctness oracle
+and CPU path, not a fast kernel. Supports GQA, sliding windows, learned sinks, logit soft-capping, a scale
+override and a custom mask (see `jaxserve.layers.attention_metadata` for the visibility rule).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def visibility_mask(meta: AttentionMetadata, sliding_window: int | None) -> jax.
 def paged_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, pool: KVPool, layer: int, meta: AttentionMetadata, *,
     use_swa_tables: bool = False, sliding_window: int | None = None, sinks: jax.Array | None = None,
-    logit_softcap: float | None = None, scale: float | None = None,
+    logit_softcap: float | None = None, scale: float | None = None, token_block: int = 64,
 ) -> tuple[jax.Array, KVPool]:
     """Write `k, v [T, kv_heads, D]` into layer `layer` of the pool group `pool`, then attend
     `q [T, q_heads, D]` over the cache (the write comes first: reading the old pool would force a copy).
@@ -47,11 +47,10 @@ def paged_attention(
     `use_swa_tables` selects the swa group's write slots and page table. `sinks [q_heads]` are per-head
     logits added to the softmax denominator only. Scores are `scale * q.k` (default D**-0.5), soft-capped
     as `cap * tanh(s / cap)` before masking; softmax in float32. Returns `(out [T, q_heads, D], new_pool)`
-    with `out` in q's dtype.
+    with `out` in q's dtype. Peak memory: the keys/values of `token_block` tokens, gathered over the
+    page table's `max_pages * page_size` key indices (blocks are used when `token_block` divides T).
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_q_heads // num_kv_heads
     slots_new = meta.swa_write_slots if use_swa_tables else meta.write_slots
     table = meta.swa_page_table if use_swa_tables else meta.page_table
     if slots_new is None or table is None:
@@ -61,15 +60,35 @@ def paged_attention(
 
     pool = write_kv(pool, layer, slots_new, k, v)
     token_slots = key_slots(table, meta.page_size)[meta.seq_ids]  # [T, K]
-    keys, values = read_kv(pool, layer, token_slots)  # [T, K, kv_heads, D]
-    keys, values = keys.astype(q.dtype), values.astype(q.dtype)
-
+    visible = visibility_mask(meta, sliding_window)  # [T, K]
     scale = head_dim ** -0.5 if scale is None else scale
+
+    def attend(block: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+        q_blk, slots_blk, visible_blk = block
+        keys, values = read_kv(pool, layer, slots_blk)  # [B, K, kv_heads, D]
+        return _attend(q_blk, keys.astype(q.dtype), values.astype(q.dtype), visible_blk, sinks=sinks,
+                       logit_softcap=logit_softcap, scale=scale)
+
+    if num_tokens <= token_block or num_tokens % token_block:
+        return attend((q, token_slots, visible)), pool
+    # bound the gathered keys to token_block * K rows: blocks run one after another
+    num_blocks = num_tokens // token_block
+    blocks = (q.reshape(num_blocks, token_block, num_q_heads, head_dim),
+              token_slots.reshape(num_blocks, token_block, -1), visible.reshape(num_blocks, token_block, -1))
+    return jax.lax.map(attend, blocks).reshape(num_tokens, num_q_heads, head_dim), pool
+
+
+def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, visible: jax.Array, *,
+            sinks: jax.Array | None, logit_softcap: float | None, scale: float) -> jax.Array:
+    """Masked softmax attention of `q [B, Hq, D]` over per-token `keys/values [B, K, Hkv, D]`."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[2]
+    group = num_q_heads // num_kv_heads
     qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
     scores = jnp.einsum("thgd,tjhd->thgj", qg, keys, preferred_element_type=jnp.float32) * scale
     if logit_softcap is not None:
         scores = logit_softcap * jnp.tanh(scores / logit_softcap)
-    visible = visibility_mask(meta, sliding_window)[:, None, None, :]
+    visible = visible[:, None, None, :]
     scores = jnp.where(visible, scores, _MASKED)
 
     row_max = scores.max(axis=-1, keepdims=True)
@@ -83,4 +102,4 @@ def paged_attention(
     probs = weights / jnp.where(denom > 0, denom, 1.0)
     out = jnp.einsum("thgj,tjhd->thgd", probs.astype(values.dtype), values,
                      preferred_element_type=jnp.float32)
-    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype), pool
+    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
