@@ -15,7 +15,7 @@ import numpy as np
 from jaxserve.sampling.params import SamplingParams
 from jaxserve.sampling.seeds import seed_words
 
-# Row index for rows without a penalty-pool row; gathers clip it, scatters drop it (see penalties.py).
+# Row index for rows without a penalty-pool row: no penalties applied, no counts updated (see penalties.py).
 _INT32_MAX = int(np.iinfo(np.int32).max)
 NO_PENALTY_ROW = _INT32_MAX
 
@@ -67,12 +67,15 @@ class SamplingBatch:
 def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int) -> SamplingBatch:
     """Pack `rows` into a SamplingBatch of `num_rows` rows (the bucket), padding the rest. O(num_rows).
 
-    Raises ValueError if there are more rows than `num_rows` or a row has num_generated < 0.
+    Raises ValueError if there are more rows than `num_rows`, a row has num_generated < 0, or a row uses
+    penalties without a penalty_row.
     """
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} sampling rows do not fit the bucket of {num_rows} rows")
     if any(row.num_generated < 0 for row in rows):
         raise ValueError("num_generated must be >= 0 for every sampling row")
+    if any(row.params.uses_penalties and row.penalty_row is None for row in rows):
+        raise ValueError("a row uses repetition/frequency/presence penalties but has no penalty_row")
 
     def column(get, pad, dtype) -> np.ndarray:
         return np.array([get(row) for row in rows] + [pad] * (num_rows - len(rows)), dtype=dtype)

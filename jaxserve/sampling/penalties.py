@@ -8,7 +8,7 @@ penalised request can skip the pool entirely (`sample(..., penalties=None)`). A 
 dense keeps the step a gather and an add.
 
 All functions are pure and jittable; row indices out of range (e.g. NO_PENALTY_ROW) are dropped by
-updates and clipped by reads, whose penalty parameters are then neutral.
+updates and mean "no penalties" to `apply_penalties`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def apply_penalties(logits: jax.Array, batch: SamplingBatch, pool: PenaltyPool) 
     Repetition (HF/SGLang): for tokens in prompt or output, positive logits are divided by the penalty and
     negative ones multiplied. Then frequency/presence (OpenAI/SGLang): subtract
     count * frequency_penalty + (count > 0) * presence_penalty over output tokens. Rows whose three
-    penalties are neutral come back bit-identical.
+    penalties are neutral, or whose pool row is out of range (NO_PENALTY_ROW), come back bit-identical.
     """
     counts = jnp.take(pool.output_counts, batch.penalty_rows, axis=0, mode="clip")
     in_prompt = jnp.take(pool.prompt_mask, batch.penalty_rows, axis=0, mode="clip")
@@ -85,4 +85,5 @@ def apply_penalties(logits: jax.Array, batch: SamplingBatch, pool: PenaltyPool) 
     neutral = (
         (batch.repetition_penalty == 1.0) & (batch.frequency_penalty == 0.0) & (batch.presence_penalty == 0.0)
     )
-    return jnp.where(neutral[:, None], logits, penalised)
+    no_row = (batch.penalty_rows < 0) | (batch.penalty_rows >= pool.output_counts.shape[0])
+    return jnp.where((neutral | no_row)[:, None], logits, penalised)

@@ -56,6 +56,10 @@ def test_too_many_rows_or_negative_num_generated_raise():
         build_sampling_batch([row] * 3, 2)
     with pytest.raises(ValueError, match="num_generated"):
         build_sampling_batch([SamplingRow(SamplingParams(), 0, -1)], 2)
+    with pytest.raises(
+        ValueError, match="uses repetition/frequency/presence penalties but has no penalty_row"
+    ):
+        build_sampling_batch([SamplingRow(SamplingParams(presence_penalty=0.1), 0, 0)], 2)
 
 
 def test_seed_words_split_64_bits_high_then_low():

@@ -1,5 +1,7 @@
 """PenaltyPool updates and apply_penalties against the numpy reference and HF's repetition processor."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,3 +109,13 @@ def test_repetition_penalty_matches_hf_processor():
         pool = _pool_with_history(vocab_size, [(prompt, output)])
         batch = build_sampling_batch([SamplingRow(SamplingParams(repetition_penalty=penalty), 0, 0, 0)], 1)
         np.testing.assert_allclose(np.asarray(apply_penalties(logits, batch, pool)), want, rtol=1e-6)
+
+
+def test_rows_without_a_pool_row_are_not_penalised():
+    pool = _pool_with_history(4, [([0, 1], [2, 2, 3])])  # the only (last) pool row has history
+    batch = build_sampling_batch([SamplingRow(SamplingParams(), 0, 0)], 1)
+    batch = dataclasses.replace(
+        batch, repetition_penalty=np.array([2.0], np.float32)
+    )  # bypass the host check
+    logits = np.array([[1.0, -1.0, 2.0, 0.5]], np.float32)
+    np.testing.assert_array_equal(np.asarray(apply_penalties(logits, batch, pool)), logits)
