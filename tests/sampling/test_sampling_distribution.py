@@ -15,6 +15,7 @@ import sampling_reference as ref
 from jaxserve.sampling import (
     SamplingParams,
     SamplingRow,
+    SeedSource,
     build_sampling_batch,
     mark_prompt_tokens,
     new_penalty_pool,
@@ -83,3 +84,22 @@ def test_the_check_detects_a_wrong_temperature():
     # Guards the statistics: sampling at T=1 must be rejected against the T=0.7 reference.
     with pytest.raises(AssertionError):
         _assert_matches(_draw(SamplingParams(temperature=1.0)), ref.distribution(LOGITS, 0.7, -1, 1.0, 0.0))
+
+
+def test_draws_are_independent_across_steps_and_across_requests():
+    # Uniform logits on 8 tokens: pairs (step n, step n+1) of one request and (request i, request i+1) at
+    # one step must be uniform over the 64 cells (chi-square, 63 degrees of freedom, alpha = 0.001).
+    num_requests, vocab_size = 10_000, 8
+    logits = np.zeros((num_requests, vocab_size), np.float32)
+    source = SeedSource(base_seed=3)
+    seeds = [source.next_seed() for _ in range(num_requests)]
+
+    def step(num_generated):
+        rows = [SamplingRow(SamplingParams(), seed, num_generated) for seed in seeds]
+        return np.asarray(_sample(logits, build_sampling_batch(rows, num_requests)).token_ids)
+
+    first, second = step(0), step(1)
+    for a, b in [(first, second), (first[:-1], first[1:])]:
+        cells = np.bincount(a * vocab_size + b, minlength=vocab_size**2)
+        expected = a.size / vocab_size**2
+        assert ((cells - expected) ** 2 / expected).sum() < 103.44

@@ -4,6 +4,8 @@ import jax
 import numpy as np
 import pytest
 import sampling_reference as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxserve.sampling import apply_filters
 
@@ -159,3 +161,30 @@ def test_bisect_top_k_is_exact_on_adversarial_values():
 def test_unknown_filter_method_raises():
     with pytest.raises(ValueError, match="unknown filter method 'heap'"):
         apply_filters(np.zeros((1, 3), np.float32), np.ones(1, np.int32), np.ones(1), np.zeros(1), "heap")
+
+
+_VALUES = st.sampled_from([-np.inf, -2.5, -1.0, -0.0, 0.0, 0.25, 1.0, 1.5, 3.0])
+
+
+@pytest.mark.parametrize("method", ["bisect", "sort"])
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    row=st.lists(_VALUES, min_size=6, max_size=6).filter(lambda r: max(r) > -np.inf),
+    top_k=st.sampled_from([-1, 1, 2, 3, 5, 6]),
+    top_p=st.sampled_from([1.0, 0.99, 0.7, 0.45, 0.1]),
+    min_p=st.sampled_from([0.0, 0.1, 0.3, 0.9]),
+)
+def test_filters_match_reference_on_generated_rows(method, row, top_k, top_p, min_p):
+    scaled = np.array([row], np.float32)
+    got = np.asarray(
+        _filters(
+            scaled,
+            np.array([top_k], np.int32),
+            np.array([top_p], np.float32),
+            np.array([min_p], np.float32),
+            method,
+        )
+    )[0]
+    want = ref.keep_mask(scaled[0], top_k, top_p, min_p) & (scaled[0] > -np.inf)
+    decided = ref.mask_margins(scaled[0], top_k, top_p, min_p) > 1e-5
+    np.testing.assert_array_equal((got > -np.inf)[decided], want[decided])
