@@ -65,3 +65,18 @@ def test_paged_chunked_prefill_and_decode_match_full_forward(llama, page_size):
     paged = paged_logits(runner, seqs, [[7, 13, 5], [3, 12]], page_size=page_size)
     for seq, got in zip(seqs, paged, strict=True):
         assert rel_error(got, full_logits(runner, seq)[0]) <= PAGED_TOLERANCE
+
+
+def test_bf16_weights_and_uint16_pools_are_as_close_as_transformers_in_bf16(llama):
+    import copy
+
+    import jax.numpy as jnp
+    import torch
+
+    hf, _, path = llama
+    ids = random_ids(45, 256, seed=1)
+    ref = hf_logits(hf, ids)
+    hf_bf16_error = rel_error(hf_logits(copy.deepcopy(hf).to(torch.bfloat16), ids), ref)
+    model = load_model(path, dtype="bfloat16", progress=False)
+    ours, _ = full_logits(Runner(model), ids, kv_dtype=jnp.bfloat16)
+    assert rel_error(ours, ref) <= 2 * hf_bf16_error
