@@ -42,6 +42,8 @@ from jaxserve.memory.page_table import (
     pages_to_slots,
     set_row_spans,
     set_row_spans_donated,
+    set_rows,
+    set_rows_donated,
 )
 from jaxserve.memory.swa_allocator import SWAAllocatorState, make_swa_allocator
 
@@ -79,6 +81,8 @@ __all__ = [
     "read_kv_jit",
     "set_row_spans",
     "set_row_spans_donated",
+    "set_rows",
+    "set_rows_donated",
     "swa_allocator",
     "write_kv",
     "write_kv_all_layers",

@@ -47,6 +47,12 @@ def set_row_spans(
     return table.at[rows, cols].set(values.astype(table.dtype), mode="drop")
 
 
+def set_rows(table: jax.Array, row_ids: jax.Array, start_cols: jax.Array, values: jax.Array) -> jax.Array:
+    """`set_row_spans` with every span the full width of `values` `[n, w]`."""
+    lengths = jnp.full(row_ids.shape, values.shape[1], jnp.int32)
+    return set_row_spans(table, row_ids, start_cols, values, lengths)
+
+
 def clear_rows(table: jax.Array, row_ids: jax.Array) -> jax.Array:
     """Zero these rows (finished requests). Row ids >= max_reqs are dropped (padding)."""
     zeros = jnp.zeros((row_ids.shape[0], table.shape[1]), table.dtype)
@@ -60,6 +66,7 @@ def pages_to_slots(pages: jax.Array, page_size: int) -> jax.Array:
 
 
 set_row_spans_donated = jax.jit(set_row_spans, donate_argnums=0)
+set_rows_donated = jax.jit(set_rows, donate_argnums=0)
 clear_rows_donated = jax.jit(clear_rows, donate_argnums=0)
 
 

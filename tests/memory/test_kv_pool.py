@@ -64,6 +64,9 @@ def test_fp8_round_trip_within_quantization_tolerance() -> None:
     for a, b in ((k, k2), (v, v2)):
         err = np.abs(np.asarray(b) - np.asarray(a))
         assert (err <= np.abs(np.asarray(a)) * 2**-4 + scale * 2**-9).all()
+    bf16_pool = make_kv_pool(L, PAGES, P, H, D, jnp.float8_e4m3fn, fp8_scale=scale, read_dtype=jnp.bfloat16)
+    k4, _ = read_kv(write_kv(bf16_pool, 0, slots, k, v), 0, slots)
+    assert k4.dtype == jnp.bfloat16 and np.allclose(np.asarray(k4, np.float32), np.asarray(k2), rtol=2**-7)
     big = jnp.full((1, H, D), 1e6)
     k3, _ = read_kv(write_kv(pool, 1, jnp.array([4]), big, big), 1, jnp.array([4]))
     assert np.allclose(np.asarray(k3), 448 * scale)  # saturates at the largest finite fp8, never inf/nan

@@ -16,6 +16,7 @@ from jaxserve.memory import (
     make_page_table,
     pages_to_slots,
     set_row_spans_donated,
+    set_rows_donated,
 )
 
 MAX_REQS, MAX_PAGES, WIDTH, N = 6, 8, 3, 4  # fixed shapes: one compile per function
@@ -51,6 +52,17 @@ def test_row_updates_match_a_numpy_reference(data) -> None:
             ref[rows[rows < MAX_REQS]] = 0
             table = clear_rows_donated(table, jnp.asarray(rows))
         assert np.array_equal(np.asarray(table), ref)
+
+
+def test_set_rows_writes_full_width_spans_and_donates() -> None:
+    table = make_page_table(MAX_REQS, MAX_PAGES)
+    old = table
+    table = set_rows_donated(table, jnp.array([2, 5]), jnp.array([1, 6]), jnp.array([[7, 8, 9], [4, 5, 6]]))
+    assert old.is_deleted()
+    ref = np.zeros((MAX_REQS, MAX_PAGES), np.int32)
+    ref[2, 1:4] = [7, 8, 9]
+    ref[5, 6:8] = [4, 5]  # the column past the table's width is dropped
+    assert np.array_equal(np.asarray(table), ref)
 
 
 def test_pages_to_slots_expands_page_major() -> None:
