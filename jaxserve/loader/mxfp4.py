@@ -8,8 +8,8 @@ Checkpoint layout (reference eagle3-gptoss.md section 1.4): for a weight with `r
 value = FP4_LUT[code] * 2**(scale - 127). The dequantized [E, rows, cols] array is then transposed to the
 input-major layout the model multiplies with (x @ W): [E, cols, rows].
 
-Memory: the output is allocated once in the target dtype and filled one expert at a time, so the float32
-temporaries are bounded by one expert's [rows, cols] matrix (about 66 MB for gpt-oss-20b's gate_up).
+Memory: the output is allocated once in the target dtype and filled 512 rows of one expert at a time, so the
+float32 temporaries stay bounded (about 6 MB for gpt-oss-20b's gate_up).
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ FP4_LUT = np.array(
 )
 SCALE_BIAS = 127
 BLOCK_SIZE = 32  # values per block; 16 bytes
+# byte -> its two values (low nibble first), doubled; times 2**(scale - 128) below. Splitting the power of
+# two this way keeps every factor finite in float32 (2**-128 .. 2**127), and each product is exact or
+# overflows exactly where ldexp(value, scale - 127) does, so the result equals the per-element definition.
+_BYTE_PAIRS_X2 = 2 * np.stack([FP4_LUT[np.arange(256) & 0x0F], FP4_LUT[np.arange(256) >> 4]], axis=-1)
+_POW2_HALF = np.ldexp(np.float32(1), np.arange(256) - SCALE_BIAS - 1).astype(np.float32)
+_ROWS_PER_CHUNK = 512  # bounds the float32 temporaries to ~512 * cols * 4 bytes and keeps transposes cached
 
 
 class Mxfp4FormatError(ValueError):
@@ -45,12 +51,9 @@ def _check(blocks: np.ndarray, scales: np.ndarray, name: str) -> None:
 def dequantize_blocks(blocks: np.ndarray, scales: np.ndarray, name: str = "mxfp4") -> np.ndarray:
     """blocks uint8 [..., G, 16], scales uint8 [..., G] -> float32 [..., G * 32] (row-major, no transpose)."""
     _check(blocks, scales, name)
-    codes = np.empty((*blocks.shape[:-1], BLOCK_SIZE), dtype=np.uint8)
-    codes[..., 0::2] = blocks & 0x0F
-    codes[..., 1::2] = blocks >> 4
-    values = FP4_LUT[codes]
-    exponents = scales.astype(np.int32)[..., None] - SCALE_BIAS
-    values = np.ldexp(values, exponents)
+    values = _BYTE_PAIRS_X2[blocks].reshape(*blocks.shape[:-1], BLOCK_SIZE)
+    with np.errstate(over="ignore"):  # scale 255 (E8M0's NaN code) overflows to inf, as ldexp does
+        values *= _POW2_HALF[scales][..., None]
     return values.reshape(*blocks.shape[:-2], blocks.shape[-2] * BLOCK_SIZE)
 
 
@@ -59,8 +62,9 @@ def dequantize_experts(
 ) -> np.ndarray:
     """Expert weights: blocks [E, rows, G, 16], scales [E, rows, G] -> input-major `dtype` [E, G * 32, rows].
 
-    Streams one expert at a time (bounded float32 temporaries); `dtype` may be any numpy dtype, including
-    ml_dtypes' bfloat16 (every MXFP4 value with a normal result is exact in bfloat16).
+    Streams 512 rows of one expert at a time (bounded float32 temporaries); `dtype` may be any numpy dtype,
+    including ml_dtypes' bfloat16 (every MXFP4 value is exact in bfloat16). Cost: O(E * rows * cols), about
+    0.3-0.6 s per gpt-oss-20b gate_up expert [5760 x 2880] on one CPU core.
     """
     _check(blocks, scales, name)
     if blocks.ndim != 4:
@@ -70,5 +74,7 @@ def dequantize_experts(
     num_experts, rows, num_blocks, _ = blocks.shape
     out = np.empty((num_experts, num_blocks * BLOCK_SIZE, rows), dtype=dtype)
     for e in range(num_experts):
-        out[e] = dequantize_blocks(blocks[e], scales[e], name).T
+        for r0 in range(0, rows, _ROWS_PER_CHUNK):
+            r1 = min(r0 + _ROWS_PER_CHUNK, rows)
+            out[e, :, r0:r1] = dequantize_blocks(blocks[e, r0:r1], scales[e, r0:r1], name).T
     return out
