@@ -137,7 +137,15 @@ def pages_of_slots(state: AllocatorState, slots: np.ndarray) -> np.ndarray:
             f"slots {bad} are outside the allocatable range [{state.page_size}, {state.slot_limit}) "
             f"(page 0 = slots [0, {state.page_size}) is the reserved padding page)"
         )
-    return np.unique(arr // state.page_size).astype(PAGE_DTYPE, copy=False)
+    return unique_sorted(arr // state.page_size)
+
+
+def unique_sorted(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hashing path is slower for the small arrays of one call)."""
+    values = np.sort(values.astype(PAGE_DTYPE, copy=False))
+    if values.size > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return values
 
 
 def check_not_free(state: AllocatorState, pages: np.ndarray) -> None:
