@@ -17,11 +17,12 @@ descendants, and after pushes that start at or above its `top` (frees without al
 push from a popped descendant writes below the snapshot's `top` and invalidates it; `check_valid` detects
 that in O(log num_pages) via the suffix minima of write positions, and every operation calls it first.
 
-Why `is_free` is exact for a valid snapshot s: a page p at index i < s.top of s's free set was written
-there by the latest write of p (any later write of p would come from a state in which p was allocated,
-which needs a pop to or below i and then a push starting at or below i, a write below s.top that would
-have invalidated s), so `pos_of[p] == i` and `entries[i] == p`. Conversely `pos_of[p] < s.top` with
-`entries[pos_of[p]] == p` means s sees p in its free set, since nothing below s.top changed after s.
+Why `is_free` is exact for every valid snapshot (induction over writes; true initially): a push of
+pages X by a valid snapshot r (X checked not free in r) writes `[r.top, r.top + m)`. A snapshot s that
+stays valid has `s.top <= r.top`, and both see the current entries below their tops, so s's free set is
+part of r's: X is not free in s, and the new `pos_of[X] >= r.top >= s.top` says so; other pages keep
+their `pos_of`, and nothing below s.top changed. For the new snapshot, entries below r.top are r's, X sits
+where `pos_of` says, and a page whose old position was overwritten reads as not free, as it should be.
 """
 
 from __future__ import annotations
