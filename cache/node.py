@@ -51,9 +51,16 @@ class TreeNode:
         "value",
     )
 
-    def __init__(self, key: RadixKey, value: np.ndarray, parent: TreeNode | None, last_access: int) -> None:
+    def __init__(
+        self,
+        key: RadixKey,
+        value: np.ndarray,
+        parent: TreeNode | None,
+        last_access: int,
+        key_bytes: bytes | None = None,
+    ) -> None:
         self.key = key
-        self.key_bytes = key.tokens.tobytes()
+        self.key_bytes = key.tokens.tobytes() if key_bytes is None else key_bytes
         self.value = value
         self.num_units = int(value.shape[0])  # key length in units == slots held; kept in sync by the tree
         self.parent = parent

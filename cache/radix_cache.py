@@ -27,7 +27,7 @@ import numpy as np
 from cache.allocator import SlotAllocator
 from cache.errors import EvictLockedError, ExtraKeyMismatchError, LockError, ValueLengthError
 from cache.eviction import LeafHeap
-from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned
+from cache.keys import MAX_TOKEN_ID, SLOT_DTYPE, TOKEN_DTYPE, RadixKey, as_token_array, check_page_aligned
 from cache.match import MatchResult, common_units
 from cache.node import _TOKEN_BYTES, TreeNode
 from cache.pretty import format_tree
@@ -126,40 +126,54 @@ class RadixCache(RadixRequestOps):
             return token_ids.as_bigram() if self.eagle else token_ids
         return RadixKey.of(token_ids, bigram=self.eagle, extra_key=extra_key)
 
+    def _prepare(self, token_ids, extra_key: Hashable | None) -> tuple[RadixKey, bytes]:
+        """`make_key` plus the key's token bytes. Fast path for 1-D int64 arrays: one validating pass and one
+        copy into an immutable bytes object that the key's (read-only) tokens view, so nodes may keep views
+        of it and the caller may reuse its array."""
+        if type(token_ids) is np.ndarray and token_ids.dtype == TOKEN_DTYPE and token_ids.ndim == 1:
+            if token_ids.size and token_ids.view(np.uint64).max() > MAX_TOKEN_ID:  # negatives wrap: huge
+                as_token_array(token_ids)  # raises the precise InvalidTokensError
+            token_bytes = token_ids.tobytes()
+            return RadixKey(np.frombuffer(token_bytes, TOKEN_DTYPE), self.eagle, extra_key), token_bytes
+        key = self.make_key(token_ids, extra_key)
+        return key, key.tokens.tobytes()
+
     # ------------------------------------------------------------------ match / insert
-    def _walk(self, key: RadixKey, num_units: int) -> tuple[TreeNode, int, list[np.ndarray]]:
+    def _walk(
+        self, key: RadixKey, token_bytes: bytes, num_units: int
+    ) -> tuple[TreeNode, int, list[np.ndarray]]:
         """Follow the key's first `num_units` units (whole pages) down the tree, splitting the node where the
         common prefix ends inside it and refreshing LRU stamps. Returns the deepest node reached, the units
         matched, and the matched nodes' values in order. The hot path of match and insert: per node one dict
         lookup and one memcmp; a vectorised compare only where a node's key diverges."""
         bigram, page_size, extra_key = int(self.eagle), self.page_size, key.extra_key
-        tokens = key.tokens[: num_units + bigram]
-        token_bytes = tokens.tobytes()
-        head_bytes = (page_size + bigram) * _TOKEN_BYTES
+        tokens, unit_bytes = (
+            key.tokens,
+            _TOKEN_BYTES,
+        )  # offsets below count bytes: unit i is at i * unit_bytes
+        head_bytes = (page_size + bigram) * unit_bytes
+        stop = num_units * unit_bytes
+        end = stop + bigram * unit_bytes  # the bytes of the first num_units units
         tick = self._tick + 1
-        node, pos, values = self.root, 0, []
+        node, start, values = self.root, 0, []
         node.last_access = tick
-        while pos < num_units:
-            start = pos * _TOKEN_BYTES
+        while start < stop:
             head = token_bytes[start : start + head_bytes]
             child = node.children.get(head if extra_key is None else (extra_key, head))
             if child is None:
                 break
-            node_units = child.num_units
-            overlap = min(node_units, num_units - pos)
-            if (
-                overlap == node_units
-                and token_bytes[start : start + (overlap + bigram) * _TOKEN_BYTES] == child.key_bytes
-            ):
-                m = node_units
+            if token_bytes.startswith(child.key_bytes, start, end):  # the whole node matches: one memcmp
+                m = child.num_units
             else:
+                pos = start // unit_bytes
                 m = common_units(child, tokens, token_bytes, pos, num_units, bigram, page_size)
-                if m < node_units:  # the lower part was not used: it keeps its LRU stamp (and heap entry)
-                    child = self._split(child, m)
+                child = self._split(child, m)  # the lower part keeps its LRU stamp (and heap entry)
             tick += 1
             child.last_access = tick
             values.append(child.value)
-            node, pos = child, pos + m
+            node = child
+            start += m * unit_bytes
+        pos = start // unit_bytes
         self._tick = tick
         return node, pos, values
 
@@ -172,11 +186,11 @@ class RadixCache(RadixRequestOps):
         or allocates. Under EAGLE a key of n tokens matches at most n - 1 slots (R5). Cost: O(nodes visited)
         Python steps plus C-speed compares of the matched tokens.
         """
-        key = self.make_key(token_ids, extra_key)
+        key, token_bytes = self._prepare(token_ids, extra_key)
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
             return MatchResult(_EMPTY_SLOTS.copy(), self.root)
-        node, _, values = self._walk(key, num_units)
+        node, _, values = self._walk(key, token_bytes, num_units)
         self._lru.push_if_evictable(node)
         if not values:
             return MatchResult(_EMPTY_SLOTS.copy(), node)
@@ -199,7 +213,7 @@ class RadixCache(RadixRequestOps):
         (more is allowed only under EAGLE) and be whole pages in order. Bad input raises before any change.
         Disabled tree: stores nothing, returns 0 (the caller keeps every slot).
         """
-        key = self.make_key(token_ids, extra_key)
+        key, token_bytes = self._prepare(token_ids, extra_key)
         slots = as_slot_array(slots)
         num_units = len(key)
         check_page_aligned(num_units, self.page_size, "inserted key")
@@ -209,7 +223,7 @@ class RadixCache(RadixRequestOps):
         check_slots(slots, self.page_size)
         if self.disabled or num_units == 0:
             return 0
-        node, pos, _ = self._walk(key, num_units)
+        node, pos, _ = self._walk(key, token_bytes, num_units)
         if pos < num_units:
             self._tick += 1
             leaf = TreeNode(key.units(pos), slots[pos:].copy(), node, self._tick)
@@ -224,17 +238,22 @@ class RadixCache(RadixRequestOps):
     def _split(self, child: TreeNode, num_units: int) -> TreeNode:
         """Cut `child` after `num_units` units; return the new upper node. `child` becomes the lower part so
         that references to it (requests' `last_node`) keep meaning the same path. Accounting is unchanged."""
-        parent = child.parent
-        child_key = child.child_key(self.page_size)
-        upper = TreeNode(child.key.units(0, num_units), child.value[:num_units], parent, child.last_access)
+        parent, cut = child.parent, num_units * _TOKEN_BYTES
+        upper = TreeNode(
+            child.key.units(0, num_units),
+            child.value[:num_units],
+            parent,
+            child.last_access,
+            key_bytes=child.key_bytes[: cut + self.eagle * _TOKEN_BYTES],
+        )
         upper.lock_ref = child.lock_ref
+        parent.children[child.child_key(self.page_size)] = upper  # same first page as before the cut
         child.key = child.key.units(num_units)
-        child.key_bytes = child.key_bytes[num_units * _TOKEN_BYTES :]
+        child.key_bytes = child.key_bytes[cut:]
         child.value = child.value[num_units:]
         child.num_units -= num_units
         child.parent = upper
         upper.children[child.child_key(self.page_size)] = child
-        parent.children[child_key] = upper
         self._num_nodes += 1
         return upper
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,17 +34,24 @@ def check_slots(slots: np.ndarray, page_size: int) -> None:
     """
     if slots.size == 0:
         return
-    lo = int(slots.min())
+    if page_size == 1:
+        lo = int(slots.min())
+    else:
+        if slots.size % page_size:
+            raise PageAlignmentError(f"{slots.size} slots are not a whole number of pages of {page_size}")
+        pages = slots.reshape(-1, page_size)
+        firsts = pages[:, 0]
+        lo = int(firsts.min())
+        if (firsts % page_size).any() or not (pages - firsts[:, None] == _offsets(page_size)).all():
+            raise PageAlignmentError(
+                f"slots are not whole pages: {page_size} consecutive slots from a multiple of {page_size}"
+            )
     if lo < page_size:
         raise InvalidSlotsError(
             f"slot {lo} lies in the reserved page 0 (page_size={page_size}) or is negative"
         )
-    if page_size == 1:
-        return
-    if slots.size % page_size:
-        raise PageAlignmentError(f"{slots.size} slots are not a whole number of pages of {page_size}")
-    pages = slots.reshape(-1, page_size)
-    if not (pages == pages[:, :1] + np.arange(page_size)).all() or (pages[:, 0] % page_size).any():
-        raise PageAlignmentError(
-            f"slots are not whole pages: {page_size} consecutive slots from a multiple of {page_size}"
-        )
+
+
+@functools.cache
+def _offsets(page_size: int) -> np.ndarray:
+    return np.arange(page_size, dtype=SLOT_DTYPE)
