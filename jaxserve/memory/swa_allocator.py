@@ -14,7 +14,7 @@ array with two kinds of writes. An allocation from a state with full-stack top `
 pages at full-stack positions `[hi - k, hi)`; that harms exactly the states that own those positions
 (top < hi) and did not see the write, so a state is stale once any mapping write after it has `hi` above
 its top (a backup followed by allocations and a restore stays valid; a sibling branch does not). A free
-zeroes entries that older states still need, so any free makes every state created before it stale. This
+or `move_swa` rewrites entries that older states still need, so it makes every older state stale. This
 enforces SGLang's rule that nothing is freed between backup and restore (`StaleAllocatorStateError`).
 Checked always, before any write: ranges, double frees on either side, stale states.
 """
@@ -90,7 +90,7 @@ def check_state(state: SWAAllocatorState) -> None:
     if -state.mapping.alloc_writes.min_after(state.seen_alloc_writes, 0) > state.full.top:
         raise StaleAllocatorStateError(
             "this SWA allocator state is stale: a sibling branch (an allocation from an older state) "
-            "remapped pages this state owns. Restore only the latest state or its ancestors."
+            "remapped pages this state owns. Restore only states the latest one was allocated from."
         )
     page_stack.check_valid(state.full.stack, state.full.top, state.full.seen_writes)
     page_stack.check_valid(state.swa.stack, state.swa.top, state.swa.seen_writes)
