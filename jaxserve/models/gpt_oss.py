@@ -35,7 +35,7 @@ class GptOssForCausalLM(CausalLM):
     """transformers `GptOssForCausalLM`. Hybrid KV: sliding layers use the `swa` pool group."""
 
     attention_sinks = True
-    moe_dispatch: Dispatch = "sorted"
+    moe_dispatch: Dispatch = "auto"  # see jaxserve.layers.moe
 
     def make_mlp(self, layer: int, rngs: nnx.Rngs) -> nnx.Module:
         cfg = self.config

@@ -74,6 +74,11 @@ def test_dispatch_strategies_agree_under_jit():
     np.testing.assert_allclose(np.asarray(fwd(dense, x)), np.asarray(fwd(sorted_, x)), rtol=1e-5, atol=1e-5)
 
 
+def test_auto_dispatch_resolves_per_platform():
+    want = "dense" if jax.default_backend() == "cpu" else "sorted"
+    assert GptOssMoE(H, INTER, E, K).dispatch == want
+
+
 def test_rejects_bad_top_k_and_dispatch():
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         GptOssMoE(H, INTER, E, top_k=E + 1)
