@@ -162,3 +162,35 @@ def test_paged_swa_extend_maps_new_pages_only() -> None:
     assert len(set((swa // 4).tolist())) == 2 and S.swa_available_size(state) == 24
     with pytest.raises(Exception, match="last_locs"):
         E.plan_extend(state.full, np.array([6]), np.array([7]), np.array([first[0]]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 4]), data=st.data())
+def test_swa_extend_decode_map_every_new_page_to_a_fresh_swa_page(page_size: int, data) -> None:
+    p = page_size
+    state = S.make_swa_allocator(8, 6, p)
+    reqs: list[list[int]] = [[], []]
+    for _ in range(data.draw(st.integers(1, 12))):
+        r = data.draw(st.integers(0, 1))
+        pre = len(reqs[r])
+        n = data.draw(st.integers(1, 2 * p)) if not reqs[r] or data.draw(st.booleans()) else 1
+        last = np.array([reqs[r][-1] if reqs[r] else -1])
+        if n == 1 and reqs[r]:
+            result = S.alloc_decode(state, np.array([pre + 1]), last)
+        else:
+            result = S.alloc_extend(state, np.array([pre]), np.array([pre + n]), last)
+        if isinstance(result, OutOfSlots):
+            need = -(-(pre + n) // p) - (-(-pre // p))
+            assert need > min(S.full_available_size(state), S.swa_available_size(state)) // p
+            continue
+        state, slots = result
+        reqs[r] += slots.tolist()
+        all_full = np.array(reqs[0] + reqs[1])
+        swa = S.swa_slots_of(state, all_full)
+        assert np.array_equal(swa % p, all_full % p) and (swa > 0).all()
+        full_pages, swa_pages = all_full // p, swa // p
+        pairs = set(zip(full_pages.tolist(), swa_pages.tolist(), strict=True))
+        assert len(pairs) == len(set(full_pages.tolist())) == len(set(swa_pages.tolist()))  # a bijection
+        for req in reqs:  # position j at offset j % P, like the full side
+            assert np.array_equal(np.asarray(req, dtype=np.int64) % p, np.arange(len(req)) % p)
+        assert S.swa_available_size(state) == (6 - len(set(swa_pages.tolist()))) * p
