@@ -233,3 +233,17 @@ def test_tree_node_ids_increase_and_order_by_last_access() -> None:
     assert n1 < n2  # n1 was touched first
     cache.match_prefix([1])
     assert n2 < n1
+
+
+def test_new_leaf_node_fields() -> None:
+    cache, alloc = make_cache(64)
+    slots = alloc.alloc(3)
+    cache.insert([1, 2, 3], slots)
+    (node,) = cache.iter_nodes()
+    assert node.parent is cache.root and node.children == {} and node.lock_ref == 0
+    assert (
+        node.num_units == 3
+        and node.value.tolist() == slots.tolist()
+        and node.key.tokens.tolist() == [1, 2, 3]
+    )
+    assert cache.root.lock_ref == 1  # the root is permanently "locked": never evicted (G3)

@@ -325,3 +325,18 @@ def test_release_keeps_tree_slots_and_frees_private_ones() -> None:
     assert req.kv_slots.shape == (0,) and req.last_node is cache.root and req.prefix_len == 0
     assert cache.total_size() == 8 and cache.protected_size == 0
     assert cache.check_invariants() == {"free_pages": 14, "tree_pages": 2, "live_only_pages": 0}
+
+
+@pytest.mark.parametrize(
+    ("eagle", "page_size", "reused"), [(False, 1, 8), (True, 1, 7), (False, 4, 8), (True, 4, 4)]
+)
+def test_admission_caps(eagle: bool, page_size: int, reused: int) -> None:
+    """§22.6: a fully cached prompt of length L is reused up to L - 1 tokens (L - 2 under EAGLE), floored to
+    pages: at least one token is always recomputed (it produces the logits to sample from)."""
+    prompt = list(range(1, 10))
+    cache, _ = make_cache(64, page_size, eagle)
+    cache.insert(prompt[: 8 + eagle], cache.allocator.alloc(8))  # the whole prompt is cached (P-floored)
+    sim = admit(cache, prompt)
+    assert sim.admitted == reused
+    cache.release_req(sim.req)
+    cache.check_invariants()
