@@ -148,3 +148,15 @@ def test_gemma3_hub_style_config_parses_like_transformers5_spelling():
     for i in range(12):
         assert dataclasses.asdict(hub.rope_for(i)) == dataclasses.asdict(v5.rope_for(i)), i
     assert [hub.rope_for(i).rope_type for i in (4, 5)] == ["default", "linear"]
+
+
+def test_gemma2_hub_style_config_alternates_from_a_sliding_layer_0():
+    """Gemma 2 Hub configs carry no layer_types: even layers slide (layer 0 first), odd layers are global."""
+    raw = dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", vocab_size=256, hidden_size=64,
+               intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, sliding_window=WINDOW, hidden_act="gelu_pytorch_tanh",
+               hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+               final_logit_softcapping=30.0, cache_implementation="hybrid", tie_word_embeddings=True)
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.layer_types == (SLIDING, FULL, SLIDING, FULL)
+    assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (50.0, 30.0)

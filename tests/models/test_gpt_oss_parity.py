@@ -204,3 +204,5 @@ def test_hub_style_config_gives_yarn_mxfp4_specs_and_hybrid_layout():
     assert f"{expert}gate_up_proj" not in sources
     with pytest.raises(ValueError, match="quant_method"):
         abstract_model(ModelConfig.from_dict({**raw, "quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(ValueError, match="num_local_experts"):
+        abstract_model(ModelConfig.from_dict({**raw, "num_local_experts": None}))
