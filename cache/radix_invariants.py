@@ -79,7 +79,10 @@ def check_radix_invariants(cache: Any, live_reqs: Iterable[Any] = ()) -> dict[st
     private = []
     for req in live_reqs:
         num_tree = req.last_matched_prefix_len
-        path = cache._path(req.last_node) if req.last_node is not cache.root else []
+        try:
+            path = cache._path(req.last_node) if req.last_node is not cache.root else []
+        except CacheError as exc:
+            _fail(f"request {req!r}: its last_node is not in the tree ({exc})")
         path_slots = np.concatenate([n.value for n in path]) if path else np.zeros(0, SLOT_DTYPE)
         if path_slots.shape[0] != num_tree or not np.array_equal(path_slots, req.kv_slots[:num_tree]):
             _fail(f"request {req!r}: kv_slots[:{num_tree}] are not the tree's slots on its locked path")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cache.errors import RequestStateError
+from cache.errors import InvariantError, RequestStateError
 from cache.keys import SLOT_DTYPE, RadixKey, as_token_array
 from cache.request import CachedReq
 
@@ -80,6 +80,8 @@ class RadixRequestOps:
         if num_cached > owned:
             self.allocator.free(kv[owned:num_cached])
         slots, node = self.match_prefix(key)
+        if slots.shape[0] != num_units:  # cannot happen unless the tree is corrupt; never repoint on it
+            raise InvariantError(f"re-match after insert found {slots.shape[0]} of {num_units} units")
         lock_id = self.inc_lock_ref(node)
         self.dec_lock_ref(req.last_node, req.lock_id)
         req.kv_slots = np.concatenate((slots, kv[num_units:]))
