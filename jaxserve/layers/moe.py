@@ -11,10 +11,10 @@ Facts (reference eagle3-gptoss.md section 1.3):
 Weights are input-major (x @ W), as in the Hugging Face checkpoint after MXFP4 dequantization:
 gate_up_proj [E, H, 2I], down_proj [E, I, H].
 
-Two dispatch strategies, same result (up to float summation order):
+Two dispatch strategies with the same result (up to float summation order), and "auto" choosing one:
 - "dense": every token runs through every expert, then the outputs are combined with a [T, E] weight matrix
-  that is zero outside the top-k. Cost O(T * E * H * I): E/k times the useful work. Simple, one big einsum;
-  fine for tiny models and for decode batches where all experts are touched anyway.
+  that is zero outside the top-k. Cost O(T * E * H * I), E/k times the useful work, and [T, E, 2I]
+  activations. Simple einsums; the faster choice on CPU (below).
 - "sorted": the T*k (token, expert) assignments are sorted by expert and each expert multiplies only its
   contiguous group (`jax.lax.ragged_dot`). Cost O(T * k * H * I) plus an argsort of T*k ids and two gathers
   of T*k rows. Shapes stay static (T*k rows), so it jits once per token bucket.
