@@ -13,6 +13,15 @@ from cache.errors import DoubleFreeError, OutOfSlotsError
 from cache.keys import SLOT_DTYPE
 
 
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """`np.unique` for int arrays via one sort (numpy 2.4's hash-based unique is ~10x slower at 1k items)."""
+    values = np.sort(values)
+    keep = np.empty(values.shape[0], dtype=bool)
+    keep[:1] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
 class CheckedAllocator:
     """Pages `1..num_pages` of `page_size` slots each (page 0 reserved); LIFO reuse of freed pages."""
 
@@ -64,7 +73,7 @@ class CheckedAllocator:
         slots = np.asarray(slots, dtype=SLOT_DTYPE).reshape(-1)
         if slots.size and (slots.min() < self._page_size or slots.max() >= (self.num_pages + 1) * self._page_size):
             raise ValueError(f"slot out of range 1..{(self.num_pages + 1) * self._page_size - 1} (or page 0)")
-        return np.unique(slots // self._page_size)
+        return _sorted_unique(slots // self._page_size if self._page_size > 1 else slots)
 
     def free(self, slots: np.ndarray) -> None:
         pages = self._pages_of(slots)
