@@ -26,9 +26,22 @@ TOLERANCE = 1e-4  # jaxserve vs transformers, float32, relative to the largest |
 PAGED_TOLERANCE = 1e-5  # paged/chunked run vs one full-sequence step of the same jaxserve model
 
 
-def make_hf_checkpoint(directory: Path, model_type: str, *, seed: int = 0, **overrides):
+def perturb_vectors(hf_model, seed: int, std: float = 0.2) -> None:
+    """Add noise to every bias, norm weight and sink (transformers initialises them to 0 or 1), so that a
+    vector loaded into the wrong place, or dropped, shows up in the logits."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if p.ndim == 1 or name.endswith("_bias"):
+                p.add_(torch.randn(p.shape, generator=gen) * std)
+
+
+def make_hf_checkpoint(directory: Path, model_type: str, *, seed: int = 0, perturb: bool = True, **overrides):
     """Save a random float32 transformers model of `model_type` (TINY + `overrides`) to `directory`;
-    returns the torch model (eval mode, eager attention) for reference forwards."""
+    returns the torch model (eval mode, eager attention) for reference forwards. With `perturb`, biases
+    and norm weights are randomised too (`perturb_vectors`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -36,6 +49,8 @@ def make_hf_checkpoint(directory: Path, model_type: str, *, seed: int = 0, **ove
     kwargs = {**TINY, "initializer_range": INIT_RANGE, **overrides}
     config = AutoConfig.for_model(model_type, **kwargs)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+    if perturb:
+        perturb_vectors(model, seed)
     model.save_pretrained(directory)
     return model
 

@@ -27,7 +27,8 @@ AUX_LAYERS = (0, 1)
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
-    hf = make_hf_checkpoint(path, "llama", num_hidden_layers=3, rope_scaling=LLAMA3_ROPE)
+    hf = make_hf_checkpoint(path, "llama", num_hidden_layers=3, rope_scaling=LLAMA3_ROPE, attention_bias=True,
+                            mlp_bias=True)  # biases on q/k/v/o and the MLP, perturbed away from zero
     model = load_model(path, progress=False, aux_hidden_state_layer_ids=AUX_LAYERS)
     return hf, Runner(model), path
 
