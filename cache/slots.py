@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,19 +38,30 @@ def check_slots(slots: np.ndarray, page_size: int) -> None:
     else:
         if slots.size % page_size:
             raise PageAlignmentError(f"{slots.size} slots are not a whole number of pages of {page_size}")
-        pages = slots.reshape(-1, page_size)
-        firsts = pages[:, 0]
-        lo = int(firsts.min())
-        if (firsts % page_size).any() or not (pages - firsts[:, None] == _offsets(page_size)).all():
+        starts = slots - _page_offsets(page_size, slots.size)  # each page's first slot, repeated P times
+        firsts = starts[::page_size]
+        if (firsts % page_size).any() or not (starts.reshape(-1, page_size) == firsts[:, None]).all():
             raise PageAlignmentError(
                 f"slots are not whole pages: {page_size} consecutive slots from a multiple of {page_size}"
             )
+        lo = int(firsts.min())
     if lo < page_size:
         raise InvalidSlotsError(
             f"slot {lo} lies in the reserved page 0 (page_size={page_size}) or is negative"
         )
 
 
-@functools.cache
-def _offsets(page_size: int) -> np.ndarray:
-    return np.arange(page_size, dtype=SLOT_DTYPE)
+_OFFSETS: dict[int, np.ndarray] = {}
+
+
+def _page_offsets(page_size: int, num_slots: int) -> np.ndarray:
+    """`[0, 1, .., P-1, 0, 1, ..]` of length `num_slots` (a view of a cached array that grows by doubling)."""
+    offsets = _OFFSETS.get(page_size)
+    if offsets is None or offsets.shape[0] < num_slots:
+        num_pages = max(
+            -(-num_slots // page_size), 2 * (0 if offsets is None else offsets.shape[0] // page_size)
+        )
+        offsets = np.tile(np.arange(page_size, dtype=SLOT_DTYPE), num_pages)
+        offsets.flags.writeable = False
+        _OFFSETS[page_size] = offsets
+    return offsets[:num_slots]
