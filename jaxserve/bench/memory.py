@@ -5,7 +5,7 @@
 
 (a) Time of one 64-token KV write (bf16 K/V, uint16 storage), per layer (`write_kv_donated`) and for all
     layers at once (`write_kv_all_layers_donated`), donated vs not donated, for a small and a 16x larger pool.
-    Both pools live in one process and are sampled alternately (samples of 20 calls), so load from other
+    Both pools live in one process and are sampled alternately (samples of 200 calls), so load from other
     processes hits both alike. Slots: 64 random slots (decode-like), or 4 random whole pages (prefill-like).
     Heads are small so the large pool fits beside other work: 1 KV head x 64 dims (K+V = 256 B per token per
     layer; 2^18 tokens x 32 layers = 2 GiB). The non-donated writes must copy the pool on every call.
@@ -120,7 +120,7 @@ def interleaved_write_times(log2_sizes: tuple[int, int], samples: int, copy_reps
     result = {}
     for name, fn in cases.items():
         copying = name.startswith("copy")
-        calls, reps = (1, copy_reps) if copying else (20, samples)
+        calls, reps = (1, copy_reps) if copying else (200, samples)
         for w in writers:
             fn(w)  # compile / warm up
         times: list[list[float]] = [[], []]
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", action="store_true", help="2^12 vs 2^16 token pools")
     parser.add_argument("--child-write", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--copy-reps", type=int, default=3, help="repetitions of the non-donated writes")
-    parser.add_argument("--samples", type=int, default=40, help="timing samples (of 20 calls) per pool")
+    parser.add_argument("--samples", type=int, default=40, help="timing samples (of 200 calls) per pool")
     parser.add_argument("--alloc-ops", type=int, default=300, help="alloc+free pairs per timing batch")
     args = parser.parse_args(argv)
     if args.child_write is not None:
