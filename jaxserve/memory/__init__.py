@@ -26,6 +26,7 @@ from jaxserve.memory.facade import AllocatorFacade, SWAAllocatorFacade
 from jaxserve.memory.hybrid_pool import HybridKVPool, HybridSlots, hybrid_pool_sizes, make_hybrid_kv_pool
 from jaxserve.memory.kv_pool import STORAGE_DTYPES, KVPool, make_kv_pool
 from jaxserve.memory.ops import (
+    move_kv_donated,
     read_kv,
     read_kv_jit,
     write_kv,
@@ -76,6 +77,7 @@ __all__ = [
     "make_page_table",
     "make_swa_allocator",
     "make_token_allocator",
+    "move_kv_donated",
     "pages_to_slots",
     "read_kv",
     "read_kv_jit",

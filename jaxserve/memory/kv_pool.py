@@ -170,6 +170,17 @@ def read_kv(pool: KVPool, layer, slots: jax.Array) -> tuple[jax.Array, jax.Array
     return from_storage(pool, stored)
 
 
+def move_kv(pool: KVPool, src_slots: jax.Array, dst_slots: jax.Array) -> KVPool:
+    """Copy every layer's K/V from `src_slots` to `dst_slots` (`[T]` each; e.g. compacting accepted
+    speculative tokens). Ownership is unchanged: the caller frees `src_slots` if it no longer needs them.
+    Gather-then-scatter is ordered by data dependence, so a donated pool is updated in place."""
+    src, dst = jnp.asarray(src_slots), jnp.asarray(dst_slots)
+    if src.shape != dst.shape or src.ndim != 1:
+        raise KVLayoutError(f"src_slots and dst_slots must be equal 1-D shapes, got {src.shape}, {dst.shape}")
+    data = pool.data.at[:, dst].set(pool.data.at[:, src].get(mode="fill", fill_value=0), mode="drop")
+    return pool.replace(data=data)
+
+
 def write_kv_all_layers(pool: KVPool, slots: jax.Array, k_all: jax.Array, v_all: jax.Array) -> KVPool:
     """Write every layer's K/V `[L, T, Hkv, D]` at the same `slots` `[T]` in one scatter."""
     slots = jnp.asarray(slots)

@@ -46,3 +46,4 @@ write_kv_donated = jax.jit(write_kv, donate_argnums=0)
 write_kv_hybrid_donated = H.write_kv_hybrid_donated
 write_kv_all_layers_donated = jax.jit(write_kv_all_layers, donate_argnums=0)
 read_kv_jit = jax.jit(read_kv)
+move_kv_donated = jax.jit(P.move_kv, donate_argnums=0)  # plain pools; hybrid: call per group

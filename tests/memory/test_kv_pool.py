@@ -10,6 +10,7 @@ import pytest
 from jaxserve.memory import (
     KVLayoutError,
     make_kv_pool,
+    move_kv_donated,
     read_kv,
     read_kv_jit,
     write_kv,
@@ -135,6 +136,24 @@ def test_write_then_read_inside_one_donated_step() -> None:
     f32 = lambda x: np.asarray(x, np.float32)
     expect = [f32(k0[i]).sum() + f32(v0[i]).sum() + f32(k1[i]).sum() + f32(v1[i]).sum() for i in range(L)]
     assert np.allclose(np.asarray(sums), expect, rtol=1e-5, atol=1e-4)
+
+
+def test_move_kv_copies_every_layer_in_place() -> None:
+    pool = make_kv_pool(L, PAGES, P, H, D, jnp.bfloat16)
+    k_all, v_all = _kv(10, (L, 3, H, D), jnp.bfloat16)
+    src, dst = jnp.array([4, 5, 6]), jnp.array([20, 9, 13])
+    pool = write_kv_all_layers_donated(pool, src, k_all, v_all)
+    hlo = move_kv_donated.lower(pool, src, dst).compile().as_text()
+    assert full_pool_copies(hlo, pool.data.shape) == 0
+    old, ptr = pool.data, pool.data.unsafe_buffer_pointer()
+    pool = move_kv_donated(pool, src, dst)
+    assert old.is_deleted() and pool.data.unsafe_buffer_pointer() == ptr
+    for layer in range(L):
+        k, v = read_kv(pool, layer, dst)
+        assert np.array_equal(np.asarray(k), np.asarray(k_all[layer]))
+        assert np.array_equal(np.asarray(v), np.asarray(v_all[layer]))
+    with pytest.raises(KVLayoutError):
+        move_kv_donated(pool, src, dst[:2])
 
 
 def test_padding_tokens_write_only_the_padding_slot() -> None:
