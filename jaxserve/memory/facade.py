@@ -56,8 +56,11 @@ class _FacadeBase:
         return self._apply(self._pure.alloc(self._state, num_slots))
 
     def free(self, slots: np.ndarray) -> None:
-        """Free these slots' pages now, or at `free_group_end` while a group is open."""
+        """Free these slots' pages now, or at `free_group_end` while a group is open (checked now anyway:
+        range and double free against the current state raise here, leaving the group as it was)."""
         if self._group is not None:
+            full = getattr(self._state, "full", self._state)
+            A.check_not_free(full, A.pages_of_slots(full, slots))
             self._group.append(np.asarray(slots).reshape(-1))
             return
         self._state = self._pure.free(self._state, slots)
@@ -68,7 +71,8 @@ class _FacadeBase:
         self._group = []
 
     def free_group_end(self) -> None:
-        """Free everything collected since `free_group_begin` in one batch (state unchanged on error)."""
+        """Free everything collected since `free_group_begin` in one batch. On error (a page in two of the
+        group's frees: a double free) the group is closed and nothing of it is freed."""
         if self._group is None:
             raise InvalidAllocRequestError("free_group_end without free_group_begin")
         group, self._group = self._group, None

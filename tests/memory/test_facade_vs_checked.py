@@ -160,8 +160,17 @@ def test_facade_backup_restore_and_free_group_errors() -> None:
     facade.free(kept)
     with pytest.raises(ValueError):
         facade.state = saved  # no restore while frees are pending
+    with pytest.raises(DoubleFreeError):
+        facade.free(np.array([8]))  # already free: refused at once, the group keeps its valid frees
     facade.free_group_end()
     assert facade.available_size() == 8
+    facade.free_group_begin()
+    kept = facade.alloc(2)
+    facade.free(kept)
+    facade.free(kept[:1])  # the same page twice in one group: found at free_group_end
+    with pytest.raises(DoubleFreeError):
+        facade.free_group_end()
+    assert facade.available_size() == 6  # the group was closed and nothing of it freed
     with pytest.raises(ValueError):
         facade.free_group_end()
 
