@@ -1,10 +1,9 @@
-"""Build models without eager initialisation: abstract (shapes only) for loading, or random under jit."""
+"""Build models: abstract (shapes only, no compute) for the loader, or with random parameters."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
 from flax import nnx
 
 from jaxserve.models.config import ModelConfig
@@ -22,13 +21,11 @@ def abstract_model(config: ModelConfig, *, backend: str = "native",
 
 def random_model(config: ModelConfig, *, seed: int = 0, backend: str = "native",
                  aux_hidden_state_layer_ids: Sequence[int] = ()) -> CausalLM:
-    """The model with random parameters, initialised in one jitted call (eager init compiles op by op)."""
+    """The model with its modules' random initialisers (for tests and benchmarks without a checkpoint).
+
+    Built eagerly: op-by-op compiles are cached per shape, so this costs seconds whatever the depth,
+    whereas one jitted init compiles every layer's RNG ops (measured: 54 s for 24 tiny layers vs 7 s).
+    """
     cls = model_class(config.architecture)
-
-    def make() -> CausalLM:
-        return cls(config, rngs=nnx.Rngs(seed), backend=backend,
-                   aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
-
-    graphdef, _ = nnx.split(nnx.eval_shape(make))
-    state = jax.jit(lambda: nnx.state(make()))()
-    return nnx.merge(graphdef, state)
+    return cls(config, rngs=nnx.Rngs(seed), backend=backend,
+               aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
