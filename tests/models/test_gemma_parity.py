@@ -34,36 +34,17 @@ GEMMA3 = dict(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW, sliding_w
               query_pre_attn_scalar=24, rope_parameters=GEMMA3_ROPE, attn_logit_softcapping=1.0)
 
 
-def perturb_vectors(hf_model, seed: int, std: float = 0.2) -> None:
-    """Add noise to every norm weight (and any bias), which HF initialises to constants, so that a norm
-    loaded into the wrong slot of the sandwich shows up in the logits."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn(p.shape, generator=gen) * std)
-
-
-def _checkpoint(path, model_type, config):
-    hf = make_hf_checkpoint(path, model_type, **config)
-    perturb_vectors(hf, seed=5)
-    hf.save_pretrained(path)
-    return hf
-
-
 @pytest.fixture(scope="module")
 def gemma2(tmp_path_factory):
     path = tmp_path_factory.mktemp("gemma2")
-    hf = _checkpoint(path, "gemma2", GEMMA2)
+    hf = make_hf_checkpoint(path, "gemma2", **GEMMA2)  # norm weights perturbed by the helper
     return hf, Runner(load_model(path, progress=False)), path
 
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
     path = tmp_path_factory.mktemp("gemma3")
-    hf = _checkpoint(path, "gemma3_text", GEMMA3)
+    hf = make_hf_checkpoint(path, "gemma3_text", **GEMMA3)
     return hf, Runner(load_model(path, progress=False)), path
 
 
