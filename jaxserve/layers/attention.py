@@ -71,10 +71,9 @@ class Attention(nnx.Module):
             self.sinks = nnx.Param(jnp.zeros((h,), dtype))
         get_backend(cfg.backend)  # unknown name fails at construction
 
-    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: KVPool, layer: int, *,
-                 use_swa_tables: bool = False) -> tuple[jax.Array, KVPool]:
-        """`pool` is the group holding this layer (index `layer` in it); `use_swa_tables` when that group
-        is the swa group of a hybrid pool (its own slots and page table)."""
+    def qkv(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Projections of `x [T, hidden]` at `positions [T]`: q `[T, H, D]`, k and v `[T, Hkv, D]`, with
+        q/k norm and rotary applied (what the backend receives; reusable by pool-free forwards)."""
         cfg = self.cfg
         num_tokens = x.shape[0]
         q = self.q_proj(x).reshape(num_tokens, cfg.num_heads, cfg.head_dim)
@@ -83,9 +82,17 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
-            q, k = self.rotary(q, meta.positions), self.rotary(k, meta.positions)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return q, k, v
+
+    def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: KVPool, layer: int, *,
+                 use_swa_tables: bool = False) -> tuple[jax.Array, KVPool]:
+        """`pool` is the group holding this layer (index `layer` in it); `use_swa_tables` when that group
+        is the swa group of a hybrid pool (its own slots and page table)."""
+        cfg = self.cfg
+        q, k, v = self.qkv(x, meta.positions)
         out, pool = get_backend(cfg.backend)(
             q, k, v, pool, layer, meta, use_swa_tables=use_swa_tables,
             sliding_window=cfg.sliding_window, sinks=self.sinks[...] if cfg.sinks else None,
             logit_softcap=cfg.logit_softcap, scale=cfg.scale)
-        return self.o_proj(out.reshape(num_tokens, cfg.num_heads * cfg.head_dim)), pool
+        return self.o_proj(out.reshape(x.shape[0], cfg.num_heads * cfg.head_dim)), pool
