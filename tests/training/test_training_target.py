@@ -1,0 +1,59 @@
+"""The target trainer's forward is the serving model's math, and what it saves is a real HF checkpoint."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.loader.load import load_model
+from jaxserve.training.dense import dense_forward
+from jaxserve.training.export import save_hf_checkpoint
+from tests.models.helpers import Runner, full_logits, hf_logits, rel_error
+from tests.training.tiny import WINDOW, tiny_config, tiny_model
+
+SEQ_LEN = 24  # > WINDOW: the sliding layers' window is active
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    raw = tiny_config()
+    model = tiny_model(raw, aux_layer_ids=(0, 1, 2))
+    path = save_hf_checkpoint(model, tmp_path_factory.mktemp("target"), raw)
+    return raw, model, path
+
+
+def test_dense_training_forward_equals_paged_serving_forward(saved):
+    _, model, _ = saved
+    ids = np.random.default_rng(1).integers(0, 96, size=(2, SEQ_LEN)).astype(np.int32)
+    logits, aux = dense_forward(model, jnp.asarray(ids))
+    runner = Runner(model)
+    for row in range(2):
+        ref_logits, ref_aux = full_logits(runner, ids[row])
+        assert rel_error(np.asarray(logits[row]), ref_logits) <= 1e-5
+        assert rel_error(np.asarray(aux[row]), ref_aux) <= 1e-5
+
+
+def test_window_and_sinks_matter_in_the_dense_forward(saved):
+    raw, model, _ = saved
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, 96, size=(1, SEQ_LEN)).astype(np.int32))
+    base, _ = dense_forward(model, ids)
+    no_window = tiny_model({**raw, "layer_types": ["full_attention"] * 4}, aux_layer_ids=(0, 1, 2))
+    assert rel_error(np.asarray(dense_forward(no_window, ids)[0]), np.asarray(base)) > 1e-3
+    assert WINDOW < SEQ_LEN
+
+
+def test_saved_checkpoint_round_trips_through_the_jaxserve_loader(saved):
+    _, model, path = saved
+    loaded = load_model(path, progress=False)
+    ids = np.arange(SEQ_LEN, dtype=np.int32) % 96
+    np.testing.assert_array_equal(full_logits(Runner(loaded), ids)[0], full_logits(Runner(model), ids)[0])
+
+
+@pytest.mark.hf
+def test_transformers_loads_the_saved_checkpoint_with_the_same_logits(saved):
+    from transformers import AutoModelForCausalLM
+
+    _, model, path = saved
+    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    ids = np.random.default_rng(3).integers(0, 96, size=SEQ_LEN).astype(np.int32)
+    ours = np.asarray(dense_forward(model, jnp.asarray(ids[None]))[0][0])
+    assert rel_error(ours, hf_logits(hf, ids)) <= 1e-4
