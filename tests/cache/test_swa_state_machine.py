@@ -166,8 +166,10 @@ class SWAMachine(RuleBasedStateMachine):
         self.reqs.append({"req": req, "prompt": prompt, "outputs": [], "decoding": False})
 
     @precondition(lambda self: self.reqs)
-    @rule(i=st.integers(0, 3), chunk=st.integers(1, 40))
+    @rule(i=st.integers(0, 3), chunk=st.integers(1, 6))
     def prefill_chunk(self, i: int, chunk: int) -> None:
+        """Prefill `chunk` tokens (times half a page: chunks end inside pages too)."""
+        chunk *= max(self.page_size // 2, 1)
         i %= len(self.reqs)
         r = self.reqs[i]
         req, prompt = r["req"], r["prompt"]
@@ -301,7 +303,7 @@ class SWAMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=60, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
