@@ -1,5 +1,6 @@
 """Qwen2 (q/k/v biases; `use_sliding_window` + `max_window_layers` making a hybrid model) vs transformers."""
 
+import numpy as np
 import pytest
 
 from jaxserve.loader.load import load_model
@@ -65,3 +66,19 @@ def test_paged_hybrid_pools_with_evicted_swa_pages_match_full_forward(qwen2_swa,
     paged = paged_logits(runner, seqs, [[10, 3, 8], [6, 9]], page_size=page_size, window=WINDOW)
     for seq, got in zip(seqs, paged, strict=True):
         assert rel_error(got, full_logits(runner, seq)[0]) <= PAGED_TOLERANCE
+
+
+def test_hybrid_model_also_runs_on_a_single_pool_group(qwen2_swa):
+    """Sliding layers may live in the full group too (the window is then applied by masking only)."""
+    from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata
+    from jaxserve.memory.kv_pool import make_kv_pool
+
+    _, runner, _ = qwen2_swa
+    ids = random_ids(40, 256, seed=1)
+    cfg = runner.model.config
+    pool = make_kv_pool(cfg.num_layers, 40, 1, cfg.num_kv_heads, cfg.head_dim, np.float32)
+    meta = build_attention_metadata([SequenceStep(40, 40, list(range(1, 41)))], page_size=1)
+    tokens = np.zeros(meta.num_tokens, np.int32)
+    tokens[:40] = ids
+    logits, _, _ = runner.forward(runner.params, tokens, meta, pool, return_all_logits=True)
+    assert rel_error(np.asarray(logits)[:40], full_logits(runner, ids)[0]) <= PAGED_TOLERANCE
