@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from swa_sim import make_swa
+from swa_sim import extend_slots, make_swa
 
 from cache import CachedReq, SWARadixCache
 from cache.testing import CheckedSWAAllocator
@@ -289,4 +289,32 @@ def test_revival_under_a_live_request_keeps_its_slots_valid() -> None:
     tree.check_invariants([r1])
     r1.kv_slots = np.concatenate([r1.kv_slots, alloc.alloc(1)])
     tree.cache_finished_req(r1, [*prompt, 900])
+    assert tree.check_invariants()["live_only"] == 0
+
+
+def test_chunked_paged_eagle_duplicate_page_is_freed_whole_and_replaced() -> None:
+    """§23.1 for the SWA tree: P=4, EAGLE, chunked. After chunk 1 (6 tokens) the tree holds 4 units and the
+    request privately holds positions 4-5 on a page of its own. Another request then caches the same prompt.
+    SGLang would pass prev_prefix_len = 6 - 1 = 5 and free the duplicate range from position 5, i.e. the
+    page of positions 4-7 that the request still reads at position 4. Here the range starts at 4 (the
+    page-aligned tree-owned length): that whole page is the request's and is replaced by the tree's."""
+    tree, alloc = make_swa(128, 128, window=4, page_size=4, eagle=True)
+    prompt = list(range(20, 34))
+    r = CachedReq(last_node=tree.root)
+    assert tree.admit(r, prompt) == 0
+    assert extend_slots(tree, r, 6)
+    assert tree.cache_unfinished_req(r, prompt[:6]) == (0, 4)
+    own_page = r.kv_slots[4:6].copy()
+    other = CachedReq(last_node=tree.root)
+    assert tree.admit(other, prompt) == 4
+    assert extend_slots(tree, other, len(prompt) + 1 - 4)
+    tree.cache_finished_req(other, [*prompt, 900, 901])  # the tree now holds 12 units of this prompt
+    tree.check_invariants([r])
+    assert extend_slots(tree, r, 6)  # continues its partial page, then a fresh one
+    assert tree.cache_unfinished_req(r, prompt[:12]) == (4, 8)
+    assert not np.isin(own_page, r.kv_slots).any()  # its duplicate page went back to the pool...
+    assert np.isin(own_page, alloc.free_slot_ids()).all()
+    assert np.array_equal(r.kv_slots[:8], tree.match_prefix(prompt[:9]).slots)  # ...replaced by the tree's
+    assert tree.check_invariants([r])["live_only"] == 4  # positions 8-11: past page_floor(12 - 1) = 8
+    tree.release_req(r)
     assert tree.check_invariants()["live_only"] == 0
