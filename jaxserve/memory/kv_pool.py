@@ -155,6 +155,12 @@ def from_storage(pool: KVPool, stored: jax.Array) -> tuple[jax.Array, jax.Array]
     return kv[..., 0::2, :], kv[..., 1::2, :]
 
 
+def paged_view(pool: KVPool, layer) -> jax.Array:
+    """Layer `layer`'s storage as `[num_pages + 1, page_size, 2 * Hkv, D]` (a free reshape), the layout
+    ragged-paged-attention kernels read; still in the storage dtype (bitcast/dequantize what you gather)."""
+    return pool.data[layer].reshape(pool.num_slots // pool.page_size, pool.page_size, *pool.data.shape[2:])
+
+
 def write_kv(pool: KVPool, layer, slots: jax.Array, k: jax.Array, v: jax.Array) -> KVPool:
     """Write one layer's K/V `[T, Hkv, D]` at `slots` `[T]`; `layer` indexes `data` (int or traced int)."""
     slots = jnp.asarray(slots)

@@ -17,6 +17,7 @@ from jaxserve.memory import (
     write_kv_all_layers_donated,
     write_kv_donated,
 )
+from jaxserve.memory.kv_pool import paged_view
 
 L, PAGES, P, H, D = 2, 7, 4, 2, 8  # 32 slots
 
@@ -34,7 +35,8 @@ def test_layout_interleaves_k_and_v_and_reserves_page_zero() -> None:
     data = np.asarray(pool.data)
     assert np.array_equal(data[1, [4, 9, 31], 0::2], np.asarray(k))
     assert np.array_equal(data[1, [4, 9, 31], 1::2], np.asarray(v))
-    paged = data[1].reshape(PAGES + 1, P, 2 * H, D)  # the RPA kernel's per-layer view
+    paged = np.asarray(paged_view(pool, 1))  # the RPA kernel's per-layer view
+    assert paged.shape == (PAGES + 1, P, 2 * H, D)
     assert np.array_equal(paged[2, 1, 0::2], np.asarray(k[1]))
     assert not data[0].any() and not data[1, :4].any()
 
