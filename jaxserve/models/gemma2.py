@@ -7,6 +7,11 @@ Everything here is a switch of `jaxserve.models.decoder.CausalLM`; the config ca
 `query_pre_attn_scalar ** -0.5`), `hidden_activation`, `tie_word_embeddings`.
 """
 
+import dataclasses
+
+from flax import nnx
+
+from jaxserve.models.config import ModelConfig
 from jaxserve.models.decoder import CausalLM
 
 
@@ -19,3 +24,10 @@ class Gemma2ForCausalLM(CausalLM):
     norm_unit_offset = True
     sandwich_norms = True
     embed_scale = True
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, **kwargs):
+        # transformers' Gemma configs default to tied embeddings, and transformers 4 leaves a field equal to
+        # the default out of config.json: an absent `tie_word_embeddings` means tied here.
+        if config.raw and "tie_word_embeddings" not in config.raw:
+            config = dataclasses.replace(config, tie_word_embeddings=True)
+        super().__init__(config, rngs=rngs, **kwargs)

@@ -76,6 +76,24 @@ def test_gemma3_logits_match_transformers(gemma3):
 
 
 @pytest.mark.hf
+def test_config_without_tie_word_embeddings_loads_tied(gemma2, tmp_path):
+    """Hub Gemma configs written by transformers 4 omit `tie_word_embeddings` (equal to the default, True)."""
+    import json
+    import shutil
+
+    hf, _, path = gemma2
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(path / name, tmp_path / name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(tmp_path, progress=False)
+    assert model.config.tie_word_embeddings
+    ids = random_ids(40, 256, seed=1)
+    assert rel_error(full_logits(Runner(model), ids)[0], hf_logits(hf, ids)) <= TOLERANCE
+
+
+@pytest.mark.hf
 def test_window_matters(gemma):
     hf, _, path = gemma
     no_window = load_variant(path, layer_types=(FULL,) * 3, sliding_window=None)
