@@ -140,7 +140,10 @@ class CheckedSWAAllocator:
         return full
 
     def free(self, slots: np.ndarray) -> None:
-        self.full._pages_of(slots)  # validate before touching either side
+        pages = self.full._pages_of(slots)  # validate both sides before touching either
+        if self.full._is_free[pages].any():
+            bad = pages[self.full._is_free[pages]][:5].tolist()
+            raise DoubleFreeError(f"pages {bad} (page_size={self.page_size}) are already free")
         self.free_swa(slots)
         self.full.free(slots)
 
