@@ -27,7 +27,7 @@ class CheckedAllocator:
 
     def __init__(self, num_slots: int, page_size: int = 1) -> None:
         if page_size < 1 or num_slots < page_size:
-            raise ValueError(f"need page_size >= 1 and num_slots >= page_size, got {num_slots=}, {page_size=}")
+            raise ValueError(f"need page_size >= 1 and num_slots >= page_size, got {num_slots=} {page_size=}")
         self._page_size = page_size
         self.num_pages = num_slots // page_size
         self.reset()
@@ -71,7 +71,8 @@ class CheckedAllocator:
 
     def _pages_of(self, slots: np.ndarray) -> np.ndarray:
         slots = np.asarray(slots, dtype=SLOT_DTYPE).reshape(-1)
-        if slots.size and (slots.min() < self._page_size or slots.max() >= (self.num_pages + 1) * self._page_size):
+        end = (self.num_pages + 1) * self._page_size
+        if slots.size and (slots.min() < self._page_size or slots.max() >= end):
             raise ValueError(f"slot out of range 1..{(self.num_pages + 1) * self._page_size - 1} (or page 0)")
         return _sorted_unique(slots // self._page_size if self._page_size > 1 else slots)
 
