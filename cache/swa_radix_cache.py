@@ -10,8 +10,10 @@ tombstone hold at least `sliding_window` units; otherwise it falls back to just 
 Behaviour follows SGLang 0.5.3.post1's `SWARadixCache` with PR #11231 (EAGLE bigram keys; reference doc
 §10-§15): two intrusive LRU lists (full: all nodes, SWA: live nodes) ordered so that ancestors are older than
 the descendants on a touched path (SWA eviction tombstones root-side nodes first), `insert` frees the caller's
-duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps, swa_uuid locks, and the
-two-phase `evict(full_num_tokens, swa_num_tokens)` in `cache.swa_eviction`.
+duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps. This file holds the data
+model, match, insert and split; swa_uuid locks are in `cache.swa_locks`, the two-phase
+`evict(full_num_tokens, swa_num_tokens)` in `cache.swa_eviction`, the request-level operations in
+`cache.swa_requests`, and `check_invariants` in `cache.swa_invariants`.
 
 Units: lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (a key of `n` tokens has `n - 1`
 units, unit `i` holding the slot of token `i`). Slots are *full* slot ids; `page_size = P > 1` makes every
@@ -34,29 +36,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import count
 
 import numpy as np
 
 from cache.allocator import SWASlotAllocator
-from cache.errors import EvictLockedError, ExtraKeyMismatchError, LockError, ValueLengthError
+from cache.errors import EvictLockedError, ExtraKeyMismatchError, ValueLengthError
 from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned
 from cache.lru_list import LRUList
 from cache.match import MatchResult, common_units
 from cache.node import _TOKEN_BYTES, child_key_of
 from cache.slots import as_slot_array, check_slots
-from cache.swa_eviction import evict_swa_tree
+from cache.swa_eviction import SWAEvictionOps
 from cache.swa_invariants import check_swa_invariants
+from cache.swa_locks import SWALockOps
 from cache.swa_node import SWANode
 from cache.swa_pretty import format_swa_tree
 from cache.swa_requests import SWARequestOps
 
 _EMPTY_SLOTS = np.zeros(0, SLOT_DTYPE)
 _EMPTY_SLOTS.flags.writeable = False
-_swa_uuids = count(1)
 
 
-class SWARadixCache(SWARequestOps):
+class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
     """Host-side hybrid prefix tree (full + sliding-window KV). See the module docstring.
 
     `allocator` implements `SWASlotAllocator` with the same `page_size`. `sliding_window` (units, >= 1) is the
@@ -335,158 +336,6 @@ class SWARadixCache(SWARequestOps):
             self.swa_lru.push_mru(upper.swa_link)
             self.swa_lru.push_mru(child.swa_link)
         return upper
-
-    # ------------------------------------------------------------------ locks
-    def _path(self, node: SWANode) -> list[SWANode]:
-        path = node.path_from_root()
-        top = path[0].parent if path else node
-        if top is not self.root:
-            raise LockError(f"{node!r} is not in this tree (evicted, or from another tree)")
-        return path
-
-    def _swa_lock_span(self, path: list[SWANode]) -> int:
-        """How many nodes, from the bottom of `path`, an `inc_lock_ref` SWA-locks: up to and including the
-        one where the running sum of units reaches the window (all of them if it never does)."""
-        covered = 0
-        for depth, node in enumerate(reversed(path), 1):
-            covered += node.num_units
-            if covered >= self.sliding_window:
-                return depth
-        return len(path)
-
-    def inc_lock_ref(self, node: SWANode) -> int | None:
-        """Lock `node`'s root path against full eviction and its last `sliding_window` units (whole nodes)
-        against SWA eviction. Returns the lock id (the swa_uuid of the node where SWA coverage reached the
-        window, or None when the path is shorter than the window); pass it to `dec_lock_ref`. O(depth).
-
-        Raises LockError (tree unchanged) if a node to be SWA-locked is a tombstone or `node` is not in the
-        tree. Locking the root is a no-op. Disabled tree: returns None.
-        """
-        if self.disabled:
-            return None
-        path = self._path(node)
-        span = self._swa_lock_span(path)
-        swa_part = path[len(path) - span :]
-        if any(n.tombstone for n in swa_part):
-            raise LockError(f"cannot lock {node!r}: its last {self.sliding_window} units include a tombstone")
-        for n in path[: len(path) - span]:
-            self._lock_full(n)
-        for n in swa_part:
-            self._lock_full(n)
-            if n.swa_lock_ref == 0:
-                self._swa_evictable -= n.num_units
-                self._swa_protected += n.num_units
-            n.swa_lock_ref += 1
-        if not swa_part or sum(n.num_units for n in swa_part) < self.sliding_window:
-            return None
-        top = swa_part[0]
-        if top.swa_uuid is None:
-            top.swa_uuid = next(_swa_uuids)
-        return top.swa_uuid
-
-    def _lock_full(self, n: SWANode) -> None:
-        if n.full_lock_ref == 0:
-            self._full_evictable -= n.num_units
-            self._full_protected += n.num_units
-        n.full_lock_ref += 1
-
-    def dec_lock_ref(self, node: SWANode, lock_id: int | None = None) -> None:
-        """Undo one `inc_lock_ref(node)` that returned `lock_id`: full-unlock the root path, SWA-unlock from
-        `node` up to and including the node whose swa_uuid is `lock_id` (to the root when None).
-
-        Raises LockError (tree unchanged) if a node on the path holds no such lock, `lock_id` is not on the
-        path, or `node` is not in the tree. Disabled tree: no-op.
-        """
-        if self.disabled:
-            return
-        path = self._path(node)
-        if lock_id is None:
-            span = len(path)
-        else:
-            span = next((d for d, n in enumerate(reversed(path), 1) if n.swa_uuid == lock_id), 0)
-            if not span:
-                raise LockError(f"lock id {lock_id} is not on the path of {node!r}")
-        swa_part = path[len(path) - span :]
-        no_full = any(n.full_lock_ref <= 0 for n in path)
-        if no_full or any(n.swa_lock_ref <= 0 or n.tombstone for n in swa_part):
-            raise LockError(f"unlocking {node!r} (lock id {lock_id}), but its path does not hold that lock")
-        for n in path:
-            if n.full_lock_ref == 1:
-                self._full_evictable += n.num_units
-                self._full_protected -= n.num_units
-            n.full_lock_ref -= 1
-        for n in swa_part:
-            if n.swa_lock_ref == 1:
-                self._swa_evictable += n.num_units
-                self._swa_protected -= n.num_units
-            n.swa_lock_ref -= 1
-
-    # ------------------------------------------------------------------ eviction
-    def evict(self, full_num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
-        """Free at least `full_num_tokens` full slots, then, if phase 1 freed fewer than `swa_num_tokens` SWA
-        slots, SWA slots by tombstoning. Returns `(full_freed, swa_freed)`; may over-shoot by a node, or fall
-        short when the rest is locked. See `cache.swa_eviction` for the phases. Disabled tree: (0, 0)."""
-        if self.disabled:
-            return 0, 0
-        return evict_swa_tree(self, full_num_tokens, swa_num_tokens)
-
-    def evict_subtree(self, node: SWANode) -> int:
-        """Drop `node` and everything below it now, freeing their slots; returns the full slots freed.
-
-        Raises EvictLockedError (tree unchanged) if any of those nodes is full-locked, LockError if `node` is
-        not in this tree. The root means "everything". A parent tombstone left without children is dropped
-        too (S4). O(subtree).
-        """
-        self._path(node)
-        top_parent = node.parent if node is not self.root else None
-        nodes = [node] if node is not self.root else []
-        stack = list(node.children.values())
-        while stack:
-            n = stack.pop()
-            nodes.append(n)
-            stack.extend(n.children.values())
-        locked = sum(1 for n in nodes if n.full_lock_ref > 0)
-        if locked:
-            raise EvictLockedError(f"cannot evict: {locked} node(s) at or below {node!r} are locked")
-        to_free = [n.value for n in nodes]
-        for n in reversed(nodes):  # children before parents
-            self._remove_leaf(n)
-        if top_parent is not None:
-            to_free.extend(self._drop_tombstone_parents(top_parent)[0])
-        freed = sum(v.shape[0] for v in to_free)
-        if to_free:
-            self.allocator.free(np.concatenate(to_free))
-        return freed
-
-    def _remove_leaf(self, leaf: SWANode) -> None:
-        """Unlink a childless node from the tree and both lists, with its accounting (no freeing)."""
-        parent = leaf.parent
-        del parent.children[leaf.child_key(self.page_size)]
-        self.full_lru.remove(leaf.full_link)
-        self._full_evictable -= leaf.num_units
-        if not leaf.tombstone:
-            self.swa_lru.remove(leaf.swa_link)
-            self._swa_evictable -= leaf.num_units
-        leaf.parent = None
-
-    def _drop_tombstone_parents(self, parent: SWANode) -> tuple[list[np.ndarray], SWANode]:
-        """Cascade (S4): remove `parent` and its ancestors while each is an unlocked, childless tombstone.
-        Returns their full slot arrays, for the caller to free (their SWA side is already gone), and the
-        deepest ancestor left in the tree."""
-        dropped = []
-        root = self.root
-        while parent is not root and parent.tombstone and not parent.children and not parent.full_lock_ref:
-            grand = parent.parent
-            dropped.append(parent.value)
-            self._remove_leaf(parent)
-            parent = grand
-        return dropped, parent
-
-    def _tombstone(self, node: SWANode) -> None:
-        """Mark a live, SWA-unlocked interior node as a tombstone (the caller frees its SWA slots)."""
-        self.swa_lru.remove(node.swa_link)
-        node.tombstone = True
-        self._swa_evictable -= node.num_units
 
     # ------------------------------------------------------------------ debugging
     def check_invariants(self, live_reqs=()) -> dict[str, int]:
