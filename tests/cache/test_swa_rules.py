@@ -318,3 +318,25 @@ def test_chunked_paged_eagle_duplicate_page_is_freed_whole_and_replaced() -> Non
     assert tree.check_invariants([r])["live_only"] == 4  # positions 8-11: past page_floor(12 - 1) = 8
     tree.release_req(r)
     assert tree.check_invariants()["live_only"] == 0
+
+
+def test_rematch_after_a_chunk_covers_all_it_inserted_despite_tombstones() -> None:
+    """§15 / SGLang PR #40681: the re-match in `cache_unfinished_req` must not come back shorter than what
+    was inserted (the request's slots there would have been freed as duplicates). A tombstone before the
+    request's SWA-locked window and a new suffix shorter than the window: the locked window still counts,
+    so the re-match covers everything."""
+    tree, alloc = make_swa(64, 64, window=4)
+    for seq in (A, A + B, A + B + C):
+        tree.insert(seq, alloc.alloc(len(seq)))
+    prompt = A + B + C + [9, 10, 11, 12]
+    r = CachedReq(last_node=tree.root)
+    assert tree.admit(r, prompt) == 8
+    assert tree.evict(0, 3) == (0, 3)  # A: outside the window (C + B = 5 >= 4), full-locked only
+    assert [n.key.tokens.tolist() for n in tree.iter_nodes() if n.tombstone] == [A]
+    assert extend_slots(tree, r, 2)
+    assert tree.cache_unfinished_req(r, prompt[:10]) == (8, 10)  # 2 new units < W = 4
+    assert r.last_matched_prefix_len == 10
+    assert np.array_equal(r.kv_slots[:10], tree.match_prefix(prompt[:10]).slots)
+    tree.check_invariants([r])
+    tree.release_req(r)
+    tree.check_invariants()
