@@ -82,6 +82,16 @@ def test_window_matters(gpt_oss):
 
 
 @pytest.mark.hf
+@pytest.mark.parametrize("window", [WINDOW - 1, WINDOW + 1])
+def test_window_is_inclusive_of_self_off_by_one_fails(gpt_oss, window):
+    """HF: `sliding_window` W keys including the query itself (SGLang stores W - 1 as an exclusive count)."""
+    hf, _, path = gpt_oss
+    variant = load_variant(path, sliding_window=window)
+    ids = random_ids(40, 256, seed=1)
+    assert rel_error(full_logits(Runner(variant), ids)[0], hf_logits(hf, ids)) > 10 * TOLERANCE
+
+
+@pytest.mark.hf
 def test_sinks_matter(gpt_oss):
     hf, _, path = gpt_oss
     model = load_variant(path)
