@@ -95,7 +95,9 @@ def _place(spec: WeightSpec, tensors: list[np.ndarray], param: nnx.Variable, fil
         raise ShapeMismatchError(
             f"tensor {', '.join(found)} in {file.name} gives shape {list(value.shape)} for parameter "
             f"{_path_str(spec.target)}, which expects {list(param.shape)}")
-    value = value.astype(param.dtype, copy=False)
+    # always an owned copy: on CPU, device_put may alias an aligned numpy buffer, and a parameter must not
+    # live in the checkpoint's file mapping (a file rewritten in place would change or fault it)
+    value = value.astype(param.dtype, copy=True)
     sharding = sharding_for(spec.target, value.shape) if sharding_for is not None else None
     return jax.device_put(value, sharding) if sharding is not None else jax.device_put(value)
 
