@@ -9,8 +9,9 @@ Each `schedule()` builds one ragged step of at most `max_tokens` tokens:
    always progresses: a request that fits the pool alone (checked on submit) always finishes.
 2. waiting requests, first come first served, while tokens, sequence rows and memory last (not in a step that
    retracted): `admit` matches and locks the longest cached prefix, the rest is prefilled in chunks.
-After the step, `process` appends sampled tokens, caches finished chunks (`cache_unfinished_req`) and
-finished requests (`cache_finished_req`). Cache call sites follow reference doc §19.
+After the step, `process` appends sampled tokens, caches every prefill chunk (`cache_unfinished_req`, also
+the last one, so that later arrivals match a running request's prompt) and finished requests
+(`cache_finished_req`). Cache call sites follow reference doc §19.
 """
 
 from __future__ import annotations
@@ -143,8 +144,10 @@ class Scheduler:
             req.num_computed = seq.start + seq.num_tokens
             prompt_len = int(req.prompt_ids.shape[0])
             self.num_prompt_tokens_computed += max(0, min(req.num_computed, prompt_len) - seq.start)
-            if not seq.samples:
+            if seq.num_tokens > 1 or not seq.samples:
+                # after every prefill chunk, final ones included: later arrivals can match it right away
                 self.kv.tree.cache_unfinished_req(req.cached, req.fill_ids()[: req.num_computed])
+            if not seq.samples:
                 continue
             req.logprobs.append(float(logprobs[row]))
             if req.stop.append(int(token_ids[row])) is not None:

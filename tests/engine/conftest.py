@@ -56,7 +56,8 @@ def small_buckets(*, max_tokens: int, max_seqs: int, max_pages: int) -> Buckets:
 def make_engine(model, *, page_size=1, max_total_tokens=1024, chunked_prefill_size=64, max_running_requests=8,
                 tokenizer=None, **kwargs) -> Engine:
     max_pages = min(-(-512 // page_size), max_total_tokens // page_size)
-    buckets = small_buckets(max_tokens=chunked_prefill_size, max_seqs=max_running_requests, max_pages=max_pages)
+    buckets = small_buckets(max_tokens=chunked_prefill_size, max_seqs=max_running_requests,
+                            max_pages=max_pages)
     return Engine(model=model, tokenizer=tokenizer, page_size=page_size, max_total_tokens=max_total_tokens,
                   chunked_prefill_size=chunked_prefill_size, max_running_requests=max_running_requests,
                   buckets=buckets, **kwargs)

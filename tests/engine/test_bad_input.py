@@ -49,7 +49,8 @@ def test_request_larger_than_the_pool_is_refused_but_a_long_queue_waits(engine):
 
 def test_max_new_tokens_is_clamped_to_the_context_and_zero_returns_at_once(llama, engine):
     roomy = make_engine(llama[1], max_total_tokens=256, context_length=100)
-    out = roomy.generate(input_ids=list(range(95)), sampling_params={"max_new_tokens": 50, "ignore_eos": True})
+    params = {"max_new_tokens": 50, "ignore_eos": True}
+    out = roomy.generate(input_ids=list(range(95)), sampling_params=params)
     assert out["meta_info"]["completion_tokens"] == 5
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 0})
