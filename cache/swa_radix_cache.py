@@ -343,7 +343,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         return check_swa_invariants(self, live_reqs)
 
     def pretty(self, max_units: int = 8) -> str:
-        """A multi-line drawing of the tree: key units, slots, lock counts, tombstones (T) and swa_uuids."""
+        """A multi-line drawing of the tree: key units, slots, lock counts, TOMBSTONE flags and swa_uuids."""
         return format_swa_tree(self, max_units)
 
     def __repr__(self) -> str:

@@ -340,3 +340,14 @@ def test_rematch_after_a_chunk_covers_all_it_inserted_despite_tombstones() -> No
     tree.check_invariants([r])
     tree.release_req(r)
     tree.check_invariants()
+
+
+def test_touched_path_puts_each_parent_right_behind_its_child_in_both_lists() -> None:
+    """§10: after a match, the path is the most recent run of both lists, deepest node first (the SWA list
+    skips tombstones), so eviction reaches root-side nodes first."""
+    tree, alloc = build_abc(4, "A")
+    tree.insert([50, 51], alloc.alloc(2))  # an unrelated, newer node
+    path = tree._path(tree.match_prefix(A + B + C).node)
+    assert list(tree.full_lru.owners_mru_first())[:3] == path[::-1]
+    assert list(tree.swa_lru.owners_mru_first())[:2] == [n for n in path[::-1] if not n.tombstone]
+    assert tree.full_lru.lru_where(lambda n: True).key.tokens.tolist() == [50, 51]
