@@ -1,0 +1,341 @@
+"""EAGLE-3 draft head (SGLang `LlamaForCausalLMEagle3`, SpecForge/EAGLE checkpoints) in Flax NNX.
+
+Per token the draft takes the target embedding `e` of its input token and a hidden state `h_in`
+(facts: reference eagle3-gptoss.md section 2.2):
+1. `h = fc(h_in)` when `h_in` is the concatenation of the target's captured hidden states (width
+   `len(aux_layer_ids) * target_hidden`); a later draft step passes the draft's own `hidden`-wide output and
+   fc is skipped (decided statically from the width).
+2. Midlayer: `a = [input_layernorm(e) ; hidden_norm(h)]` (width 2H); q/k/v from `a` (no bias unless the
+   config says so), rotary, full causal attention over the draft's own one-layer KV pool (no window, no
+   sinks) through the same paged backend as the target; `h = h + o_proj(.)`;
+   `h = h + mlp(post_attention_layernorm(h))` (SwiGLU).
+3. `logits = lm_head(norm(h))` over the draft vocabulary; the hidden state handed to the next draft step is
+   `h` before the final norm.
+
+Which target layers feed step 1 (`Eagle3Config.aux_layer_ids`): ids mean "output of target layer j" (the
+residual stream after layer j, before any norm), the `eagle_config.eagle_aux_hidden_state_layer_ids`
+convention of SpecForge and SGLang's draft configs (SGLang stores j + 1 and captures the input of that
+layer: the same tensor). It is exactly what `jaxserve.models.decoder.CausalLM` returns as `aux_hidden` when
+built with `aux_hidden_state_layer_ids=config.aux_layer_ids`. Without `eagle_config`, SpecForge's default
+`[1, L//2 - 1, L - 4]` for an L-layer target applies.
+
+The draft owns no embedding: callers pass the target's embedding matrix (`embed_tokens [vocab, H]`).
+Draft ids map to target ids through `d2t` (`jaxserve.speculative.vocab_map`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxserve.layers.attention_metadata import AttentionMetadata
+from jaxserve.layers.backends import get_backend
+from jaxserve.layers.mlp import GatedMLP
+from jaxserve.layers.norm import RMSNorm
+from jaxserve.layers.rotary import RopeParams, RotaryEmbedding
+from jaxserve.loader.weight_spec import WeightSpec
+from jaxserve.memory.kv_pool import KVPool, make_kv_pool
+from jaxserve.models.config import ConfigError
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_ROPE_FIELDS = {f.name for f in dataclasses.fields(RopeParams)} - {"rope_type", "theta"}
+
+
+def default_aux_layer_ids(target_num_layers: int) -> tuple[int, ...]:
+    """SpecForge's default capture (output-of-layer ids) for an L-layer target: `(1, L//2 - 1, L - 4)`."""
+    return 1, target_num_layers // 2 - 1, target_num_layers - 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Config:
+    """Draft hyper-parameters, parsed from an EAGLE-3 `config.json` (`from_dict`) or written by `to_dict`.
+
+    `vocab_size` is the target's vocabulary (length of `t2d`); `draft_vocab_size` the LM head's rows (None
+    in checkpoints without a draft vocabulary: then it equals `vocab_size` and there is no d2t/t2d).
+    `target_hidden_size` is the width of one captured target hidden state (default `hidden_size`).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int | None
+    aux_layer_ids: tuple[int, ...]
+    rope: RopeParams = dataclasses.field(default_factory=RopeParams)
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int | None = None
+    target_hidden_size: int | None = None
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    dtype: str = "float32"
+    tie_word_embeddings: bool = False  # read by jaxserve.loader.load; EAGLE-3 heads are never tied
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(_DTYPES[self.dtype])
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.draft_vocab_size or self.vocab_size
+
+    @property
+    def fc_in_features(self) -> int:
+        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, target_num_layers: int | None = None) -> Eagle3Config:
+        """Parse SpecForge/EAGLE's config. `target_num_layers` is needed only when the config pins no
+        `eagle_config.eagle_aux_hidden_state_layer_ids` (the default then depends on the target depth)."""
+        raw = dict(raw)
+
+        def need(name: str) -> Any:
+            if raw.get(name) is None:
+                raise ConfigError(f"EAGLE-3 draft config field {name!r} is missing")
+            return raw[name]
+
+        if int(raw.get("num_hidden_layers", 1)) != 1:
+            raise ConfigError(f"EAGLE-3 draft config has num_hidden_layers={raw['num_hidden_layers']}; "
+                              f"jaxserve supports the usual single midlayer only")
+        eagle = raw.get("eagle_config") or {}
+        if not eagle.get("use_aux_hidden_state", True):
+            raise ConfigError("eagle_config.use_aux_hidden_state is false (an EAGLE-1/2 head); jaxserve's "
+                              "draft needs EAGLE-3's captured target hidden states")
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        if ids is None:
+            if target_num_layers is None:
+                raise ConfigError("EAGLE-3 draft config has no "
+                                  "eagle_config.eagle_aux_hidden_state_layer_ids; pass target_num_layers for "
+                                  "the default (1, L//2-1, L-4)")
+            ids = default_aux_layer_ids(target_num_layers)
+        ids = tuple(int(j) for j in ids)
+        if target_num_layers is not None and not all(0 <= j < target_num_layers for j in ids):
+            raise ConfigError(f"eagle_aux_hidden_state_layer_ids {list(ids)} (output-of-layer ids) are "
+                              f"not all in [0, {target_num_layers}) for this target")
+        hidden = int(need("hidden_size"))
+        num_heads = int(need("num_attention_heads"))
+        dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        if dtype not in _DTYPES:
+            raise ConfigError(f"EAGLE-3 draft config dtype {dtype!r} is not supported; supported: "
+                              f"{sorted(_DTYPES)}")
+        draft_vocab = raw.get("draft_vocab_size")
+        return cls(
+            hidden_size=hidden, intermediate_size=int(need("intermediate_size")), num_heads=num_heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+            head_dim=int(raw.get("head_dim") or hidden // num_heads), vocab_size=int(need("vocab_size")),
+            draft_vocab_size=None if draft_vocab is None else int(draft_vocab), aux_layer_ids=ids,
+            rope=_rope(raw), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=raw.get("max_position_embeddings"),
+            target_hidden_size=raw.get("target_hidden_size"),
+            attention_bias=bool(raw.get("attention_bias", False)), hidden_act=raw.get("hidden_act", "silu"),
+            dtype=dtype, raw=raw)
+
+    def to_dict(self) -> dict:
+        """A SpecForge-style `config.json` dict (architectures `LlamaForCausalLMEagle3`)."""
+        rope = {k: v for k, v in dataclasses.asdict(self.rope).items()
+                if k in _ROPE_FIELDS and v is not None and k not in ("truncate", "partial_rotary_factor")}
+        out = {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings, "hidden_act": self.hidden_act,
+            "attention_bias": self.attention_bias, "tie_word_embeddings": False, "torch_dtype": self.dtype,
+            "rope_theta": self.rope.theta,
+            "rope_scaling": None if self.rope.rope_type == "default" else {"rope_type": self.rope.rope_type,
+                                                                            **rope},
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+                             "use_aux_hidden_state": True},
+        }
+        if self.draft_vocab_size is not None:
+            out["draft_vocab_size"] = self.draft_vocab_size
+        if self.target_hidden_size is not None:
+            out["target_hidden_size"] = self.target_hidden_size
+        return out
+
+
+def _rope(raw: Mapping[str, Any]) -> RopeParams:
+    scaling = dict(raw.get("rope_scaling") or {})
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    kwargs = {k: scaling[k] for k in _ROPE_FIELDS if scaling.get(k) is not None}
+    try:
+        return RopeParams(rope_type=kind, theta=float(raw.get("rope_theta") or 10000.0), **kwargs)
+    except ValueError as e:
+        raise ConfigError(f"EAGLE-3 draft config field 'rope_scaling': {e}") from None
+
+
+class VocabMap(nnx.Variable):
+    """Integer/bool lookup tables loaded with the checkpoint, never trained (`d2t`, `t2d`)."""
+
+
+class Eagle3Attention(nnx.Module):
+    """q/k/v from the 2H-wide `[normed embedding ; normed hidden]`, o_proj back to H."""
+
+    def __init__(self, cfg: Eagle3Config, *, rngs: nnx.Rngs):
+        def dense(n_in: int, n_out: int) -> nnx.Linear:
+            return nnx.Linear(n_in, n_out, use_bias=cfg.attention_bias, dtype=cfg.jnp_dtype,
+                              param_dtype=cfg.jnp_dtype, rngs=rngs)
+
+        width = 2 * cfg.hidden_size
+        self.q_proj = dense(width, cfg.num_heads * cfg.head_dim)
+        self.k_proj = dense(width, cfg.num_kv_heads * cfg.head_dim)
+        self.v_proj = dense(width, cfg.num_kv_heads * cfg.head_dim)
+        self.o_proj = dense(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+
+
+class Eagle3Layer(nnx.Module):
+    """The midlayer's parameters (HF names: `midlayer.{input_layernorm, hidden_norm, self_attn.*,
+    post_attention_layernorm, mlp.*}`)."""
+
+    def __init__(self, cfg: Eagle3Config, *, rngs: nnx.Rngs):
+        def norm() -> RMSNorm:
+            return RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=cfg.jnp_dtype)
+
+        self.input_layernorm = norm()
+        self.hidden_norm = norm()
+        self.self_attn = Eagle3Attention(cfg, rngs=rngs)
+        self.post_attention_layernorm = norm()
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, activation=cfg.hidden_act,
+                            dtype=cfg.jnp_dtype, rngs=rngs)
+
+
+class Eagle3Draft(nnx.Module):
+    """The EAGLE-3 head; see the module docstring for the math and `__call__` for the serving contract.
+
+    The pieces (`fuse`, `qkv`, `finish`, `logits`) are public so that training can run the same math with a
+    different attention (`jaxserve.training.draft`: the training-time-test unroll).
+    """
+
+    ignored_tensors: tuple[str, ...] = ("embed_tokens.weight", "rotary_emb.inv_freq")
+
+    def __init__(self, config: Eagle3Config, *, rngs: nnx.Rngs, backend: str = "native"):
+        cfg = config
+        dtype = cfg.jnp_dtype
+        self.config = cfg
+        self.backend = backend
+        get_backend(backend)
+        self.rotary = RotaryEmbedding.from_params(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self.fc = nnx.Linear(cfg.fc_in_features, cfg.hidden_size, use_bias=False, dtype=dtype,
+                             param_dtype=dtype, rngs=rngs)
+        self.midlayer = Eagle3Layer(cfg, rngs=rngs)
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=dtype)
+        self.lm_head = nnx.Linear(cfg.hidden_size, cfg.num_draft_tokens, use_bias=False, dtype=dtype,
+                                  param_dtype=dtype, rngs=rngs)
+        if cfg.draft_vocab_size is not None:
+            self.d2t = VocabMap(jnp.zeros((cfg.draft_vocab_size,), jnp.int32))
+            self.t2d = VocabMap(jnp.ones((cfg.vocab_size,), jnp.bool_))
+
+    # ---- checkpoint names ----------------------------------------------------------------------------------
+    def weight_specs(self) -> list[WeightSpec]:
+        """SpecForge/EAGLE tensor names (no `model.` prefix, q/k/v and gate/up unfused)."""
+        specs = [WeightSpec.linear(("fc", "kernel"), "fc.weight"),
+                 WeightSpec.copy(("norm", "weight"), "norm.weight"),
+                 WeightSpec.linear(("lm_head", "kernel"), "lm_head.weight")]
+        for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+            specs.append(WeightSpec.copy(("midlayer", name, "weight"), f"midlayer.{name}.weight"))
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            path = ("midlayer", "self_attn", name)
+            specs.append(WeightSpec.linear((*path, "kernel"), f"midlayer.self_attn.{name}.weight"))
+            if self.config.attention_bias:
+                specs.append(WeightSpec.copy((*path, "bias"), f"midlayer.self_attn.{name}.bias"))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            path = ("midlayer", "mlp", name, "kernel")
+            specs.append(WeightSpec.linear(path, f"midlayer.mlp.{name}.weight"))
+        if self.config.draft_vocab_size is not None:
+            specs += [WeightSpec.copy(("d2t",), "d2t"), WeightSpec.copy(("t2d",), "t2d")]
+        return specs
+
+    # ---- math ----------------------------------------------------------------------------------------------
+    def fuse(self, hidden: jax.Array) -> jax.Array:
+        """fc for captured target states (width `fc_in_features`); identity for the draft's own state."""
+        width = hidden.shape[-1]
+        if width == self.config.hidden_size and width != self.config.fc_in_features:
+            return hidden
+        if width != self.config.fc_in_features:
+            raise ValueError(f"draft hidden input has width {width}; expected {self.config.fc_in_features} "
+                             f"(captured target states) or {self.config.hidden_size} (draft state)")
+        return self.fc(hidden)
+
+    def qkv(self, embeds: jax.Array, hidden: jax.Array, positions: jax.Array):
+        """`embeds, hidden [N, H]`, int `positions [N]` -> rotated q `[N, heads, D]`, k, v `[N, kv, D]`."""
+        cfg, layer = self.config, self.midlayer
+        a = jnp.concatenate([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], axis=-1)
+        n = a.shape[0]
+        q = layer.self_attn.q_proj(a).reshape(n, cfg.num_heads, cfg.head_dim)
+        k = layer.self_attn.k_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        v = layer.self_attn.v_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        return self.rotary(q, positions), self.rotary(k, positions), v
+
+    def finish(self, attn_out: jax.Array, hidden: jax.Array) -> jax.Array:
+        """`attn_out [..., heads*D]`, residual `hidden [..., H]` -> the pre-norm output state `[..., H]`."""
+        layer = self.midlayer
+        h = hidden + layer.self_attn.o_proj(attn_out)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, hidden_out: jax.Array) -> jax.Array:
+        """Pre-norm state -> float32 logits over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden_out)).astype(jnp.float32)
+
+    def __call__(self, input_ids: jax.Array, hidden: jax.Array, meta: AttentionMetadata, pool: KVPool,
+                 embedding: jax.Array, *, return_all_logits: bool = False):
+        """One ragged draft step of T tokens.
+
+        `input_ids [T]` (target ids), `hidden [T, fc_in_features]` (captured target states) or `[T, H]`
+        (the previous draft step's output), `meta` as for the target (the draft reads the full-group slots
+        and page table: its KV lives in `pool`, one layer, at the same slot ids as the target's), `embedding
+        [vocab, H]` the target's `embed_tokens`. Returns `(logits, hidden_out [T, H], new_pool)`: logits
+        float32 `[S, draft_vocab]` at `meta.sample_idx` (or `[T, draft_vocab]` with `return_all_logits`),
+        `hidden_out` pre-norm for the next step. Donate `pool` under jit.
+        """
+        hidden = self.fuse(hidden)
+        embeds = jnp.take(embedding, input_ids, axis=0).astype(hidden.dtype)
+        q, k, v = self.qkv(embeds, hidden, meta.positions)
+        out, pool = get_backend(self.backend)(q, k, v, pool, 0, meta)
+        h = self.finish(out.reshape(out.shape[0], -1), hidden)
+        return self.logits(h if return_all_logits else h[meta.sample_idx]), h, pool
+
+    # ---- vocabulary ----------------------------------------------------------------------------------------
+    def to_target_ids(self, draft_ids: jax.Array) -> jax.Array:
+        """Draft-vocabulary ids (any shape) -> target ids: `i + d2t[i]` (identity without a draft vocab)."""
+        if self.config.draft_vocab_size is None:
+            return draft_ids
+        return draft_ids + self.d2t[...][draft_ids]
+
+    def target_vocab_logits(self, draft_logits: jax.Array) -> jax.Array:
+        """`[..., draft_vocab]` -> `[..., target_vocab]`, -inf on target ids outside the draft vocabulary."""
+        if self.config.draft_vocab_size is None:
+            return draft_logits
+        ids = self.to_target_ids(jnp.arange(self.config.draft_vocab_size))
+        full = jnp.full((*draft_logits.shape[:-1], self.config.vocab_size), -jnp.inf, draft_logits.dtype)
+        return full.at[..., ids].set(draft_logits)
+
+
+def make_draft_pool(config: Eagle3Config, num_pages: int, page_size: int, dtype=jnp.bfloat16) -> KVPool:
+    """The draft's one-layer KV pool, with the same page count and size as the target's full group (slot
+    ids are shared with the target)."""
+    return make_kv_pool(1, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype)
+
+
+def random_draft(config: Eagle3Config, *, seed: int = 0, backend: str = "native",
+                 vocab_map: tuple[np.ndarray, np.ndarray] | None = None) -> Eagle3Draft:
+    """A draft with random parameters (init in one jitted call) and, if given, `(d2t, t2d)` set."""
+    def make() -> Eagle3Draft:
+        return Eagle3Draft(config, rngs=nnx.Rngs(seed), backend=backend)
+
+    graphdef, _ = nnx.split(nnx.eval_shape(make))
+    model = nnx.merge(graphdef, jax.jit(lambda: nnx.state(make()))())
+    if vocab_map is not None:
+        if config.draft_vocab_size is None:
+            raise ValueError("this draft config has no draft_vocab_size, so it takes no vocab map")
+        model.d2t[...] = jnp.asarray(vocab_map[0], jnp.int32)
+        model.t2d[...] = jnp.asarray(vocab_map[1], jnp.bool_)
+    return model
+

@@ -1,0 +1,114 @@
+"""Eagle3Draft forward vs an independent numpy implementation of the EAGLE-3 head, on random weights."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.models.config import ConfigError
+from jaxserve.speculative.eagle3_draft import Eagle3Config, default_aux_layer_ids
+from tests.speculative.eagle3_helpers import (
+    AUX_IDS,
+    DRAFT_VOCAB,
+    HIDDEN,
+    VOCAB,
+    reference_step,
+    reference_tensors,
+    run_paged,
+    tiny_draft,
+    tiny_draft_config,
+)
+
+TOL = 2e-5
+
+
+def _inputs(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, n).astype(np.int32)
+    aux = rng.normal(0, 1.0, (n, len(AUX_IDS) * HIDDEN)).astype(np.float32)
+    return ids, aux
+
+
+def _rel(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def draft():
+    model = tiny_draft()
+    embedding = np.random.default_rng(9).normal(0, 1.0, (VOCAB, HIDDEN)).astype(np.float32)
+    return model, embedding, reference_tensors(model)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_prefill_matches_numpy_reference(draft, page_size):
+    model, embedding, tensors = draft
+    ids, aux = _inputs(12, seed=1)
+    (logits, hidden), = run_paged(model, embedding, [(ids, aux)], page_size=page_size)
+    ref_logits, ref_hidden = reference_step(tensors, model.config, embedding, ids, aux, np.arange(12))
+    assert _rel(logits, ref_logits) <= TOL
+    assert _rel(hidden, ref_hidden) <= TOL
+
+
+def test_chunked_extend_then_chain_steps_on_own_hidden_match_reference(draft):
+    """Prefill in two chunks (captured target states, fc applied), then two chain steps that feed the
+    draft's own pre-norm output back (fc skipped), each attending to everything before it."""
+    model, embedding, tensors = draft
+    ids, aux = _inputs(9, seed=2)
+    step_ids = np.asarray([5, 17], np.int32)
+    outs = run_paged(model, embedding, [(ids[:6], aux[:6]), (ids[6:], aux[6:])], page_size=4)
+    h_last = outs[1][1][-1:]
+    chain = run_paged(model, embedding, [(ids[:6], aux[:6]), (ids[6:], aux[6:]), (step_ids[:1], h_last)],
+                      page_size=4)
+    h_step1 = chain[2][1]
+    chain = run_paged(model, embedding, [(ids[:6], aux[:6]), (ids[6:], aux[6:]), (step_ids[:1], h_last),
+                                         (step_ids[1:], h_step1)], page_size=4)
+
+    cache = {"k": [], "v": [], "pos": []}
+    ref = [reference_step(tensors, model.config, embedding, ids[:6], aux[:6], np.arange(6), cache),
+           reference_step(tensors, model.config, embedding, ids[6:], aux[6:], np.arange(6, 9), cache)]
+    ref.append(reference_step(tensors, model.config, embedding, step_ids[:1], ref[1][1][-1:], np.asarray([9]),
+                              cache))
+    ref.append(reference_step(tensors, model.config, embedding, step_ids[1:], ref[2][1], np.asarray([10]),
+                              cache))
+    for (logits, hidden), (ref_logits, ref_hidden) in zip(chain, ref, strict=True):
+        assert _rel(logits, ref_logits) <= TOL
+        assert _rel(hidden, ref_hidden) <= TOL
+
+
+def test_draft_ids_map_to_target_ids_through_d2t(draft):
+    model, _, tensors = draft
+    d2t = tensors["d2t"]
+    draft_ids = jnp.arange(DRAFT_VOCAB)
+    target_ids = np.asarray(model.to_target_ids(draft_ids))
+    np.testing.assert_array_equal(target_ids, np.arange(DRAFT_VOCAB) + d2t)
+    np.testing.assert_array_equal(np.flatnonzero(tensors["t2d"]), target_ids)
+    logits = np.random.default_rng(0).normal(size=(3, DRAFT_VOCAB)).astype(np.float32)
+    full = np.asarray(model.target_vocab_logits(jnp.asarray(logits)))
+    assert full.shape == (3, VOCAB)
+    np.testing.assert_array_equal(full[:, target_ids], logits)
+    assert np.all(np.isneginf(np.delete(full, target_ids, axis=1)))
+    # argmax in the target vocabulary = the mapped argmax of the draft vocabulary
+    np.testing.assert_array_equal(full.argmax(-1), target_ids[logits.argmax(-1)])
+
+
+def test_wrong_hidden_width_is_rejected(draft):
+    model, embedding, _ = draft
+    with pytest.raises(ValueError, match="width"):
+        run_paged(model, embedding, [(np.zeros(3, np.int32), np.zeros((3, 2 * HIDDEN), np.float32))])
+
+
+def test_config_round_trip_and_aux_layer_convention():
+    cfg = tiny_draft_config()
+    assert cfg.aux_layer_ids == AUX_IDS
+    assert Eagle3Config.from_dict(cfg.to_dict()) == cfg
+    # SpecForge's default capture, output-of-layer ids: gpt-oss-20b (24 layers) -> 1, 11, 20
+    assert default_aux_layer_ids(24) == (1, 11, 20)
+    raw = cfg.to_dict()
+    del raw["eagle_config"]
+    assert Eagle3Config.from_dict(raw, target_num_layers=24).aux_layer_ids == (1, 11, 20)
+    with pytest.raises(ConfigError, match="target_num_layers"):
+        Eagle3Config.from_dict(raw)
+    with pytest.raises(ConfigError, match="not all in"):
+        Eagle3Config.from_dict(cfg.to_dict(), target_num_layers=2)
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        Eagle3Config.from_dict({**cfg.to_dict(), "num_hidden_layers": 2})
