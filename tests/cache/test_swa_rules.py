@@ -351,3 +351,11 @@ def test_touched_path_puts_each_parent_right_behind_its_child_in_both_lists() ->
     assert list(tree.full_lru.owners_mru_first())[:3] == path[::-1]
     assert list(tree.swa_lru.owners_mru_first())[:2] == [n for n in path[::-1] if not n.tombstone]
     assert tree.full_lru.lru_where(lambda n: True).key.tokens.tolist() == [50, 51]
+
+
+def test_evict_subtree_drops_the_branch_and_a_tombstone_parent_left_childless() -> None:
+    tree, _alloc = build_abc(4, "A")  # A(3, tombstone) -> B(2) -> C(3)
+    b_node = tree.match_prefix(A + B + C).node.parent
+    assert tree.evict_subtree(b_node) == 8  # B and C (5), then the tombstone A left without children (3)
+    assert tree.num_nodes == 0
+    assert tree.check_invariants() == {"free": 64, "tree": 0, "live_only": 0, "swa_free": 64}
