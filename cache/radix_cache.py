@@ -238,17 +238,19 @@ class RadixCache(RadixRequestOps):
     def _split(self, child: TreeNode, num_units: int) -> TreeNode:
         """Cut `child` after `num_units` units; return the new upper node. `child` becomes the lower part so
         that references to it (requests' `last_node`) keep meaning the same path. Accounting is unchanged."""
-        parent, cut = child.parent, num_units * _TOKEN_BYTES
+        parent, cut, bigram, key = child.parent, num_units * _TOKEN_BYTES, self.eagle, child.key
+        # views, no copies; under EAGLE the two halves share one boundary token
+        upper_key = RadixKey(key.tokens[: num_units + bigram], bigram, key.extra_key)
         upper = TreeNode(
-            child.key.units(0, num_units),
+            upper_key,
             child.value[:num_units],
             parent,
             child.last_access,
-            key_bytes=child.key_bytes[: cut + self.eagle * _TOKEN_BYTES],
+            child.key_bytes[: cut + bigram * _TOKEN_BYTES],
         )
         upper.lock_ref = child.lock_ref
         parent.children[child.child_key(self.page_size)] = upper  # same first page as before the cut
-        child.key = child.key.units(num_units)
+        child.key = RadixKey(key.tokens[num_units:], bigram, key.extra_key)
         child.key_bytes = child.key_bytes[cut:]
         child.value = child.value[num_units:]
         child.num_units -= num_units
