@@ -20,7 +20,7 @@ Not thread-safe: one scheduler thread owns the tree.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -89,7 +89,7 @@ class RadixCache(RadixRequestOps):
         """Units held by the whole tree, summed over nodes (O(nodes); for tests and debugging)."""
         return sum(node.num_units for node in self.iter_nodes())
 
-    def iter_nodes(self):
+    def iter_nodes(self) -> Iterator[TreeNode]:
         """Every non-root node, parents before children (O(nodes))."""
         stack = list(self.root.children.values())
         while stack:
@@ -126,7 +126,9 @@ class RadixCache(RadixRequestOps):
             return token_ids.as_bigram() if self.eagle else token_ids
         return RadixKey.of(token_ids, bigram=self.eagle, extra_key=extra_key)
 
-    def _prepare(self, token_ids, extra_key: Hashable | None) -> tuple[RadixKey, bytes]:
+    def _prepare(
+        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None
+    ) -> tuple[RadixKey, bytes]:
         """`make_key` plus the key's token bytes. Fast path for 1-D int64 arrays: one validating pass and one
         copy into an immutable bytes object that the key's (read-only) tokens view, so nodes may keep views
         of it and the caller may reuse its array."""
