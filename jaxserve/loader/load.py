@@ -70,6 +70,7 @@ def load_params(model: CausalLM, directory: str | Path, *, sharding_for: Shardin
                 loaded[spec.target] = _place(spec, [got[s] for s in spec.sources], params[spec.target],
                                              where[source].path, sharding_for)
         del tensor
+        where[source].release(source)
     new_leaves = [var.replace(loaded[path]) for path, var in params.items()]
     return nnx.merge(graphdef, nnx.from_flat_state(nnx.FlatState.from_sorted_keys_values(flat.paths,
                                                                                           new_leaves)))

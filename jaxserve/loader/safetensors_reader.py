@@ -79,6 +79,16 @@ class SafetensorsFile:
             return np.zeros(shape, dtype)
         return np.frombuffer(self._map, dtype, math.prod(shape), self._data_start + begin).reshape(shape)
 
+    def release(self, name: str) -> None:
+        """Drop the resident file pages of tensor `name` (call once it has been copied out): keeps the
+        loader's resident set at about one tensor of file pages. A later `get` reads the file again."""
+        dtype, shape, begin = self._entries[name]
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._map is None or nbytes == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = (self._data_start + begin) // mmap.PAGESIZE * mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, self._data_start + begin + nbytes - start)
+
 
 def checkpoint_files(directory: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint: those named by `model.safetensors.index.json` when present
