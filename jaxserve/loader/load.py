@@ -1,8 +1,10 @@
 """Load a Hugging Face checkpoint directory into a jaxserve model, streamed tensor by tensor.
 
-Memory: each checkpoint tensor is a view of a memory-mapped file; it is transformed, cast to the parameter
-dtype and placed on device (with an optional per-parameter `jax.sharding.Sharding`), then dropped. Host RAM
-holds at most the tensors of one multi-source `WeightSpec` at a time, never a second copy of the checkpoint.
+Memory: each checkpoint tensor is a view of a memory-mapped file; it is transformed, copied into the
+parameter dtype and placed on device (with an optional per-parameter `jax.sharding.Sharding`); then the copy
+and the tensor's file pages are dropped. Beyond the parameters, host RAM holds about one tensor (or the
+sources of one multi-source `WeightSpec`), never a second copy of the checkpoint (tests/loader/
+test_loading_memory.py measures the peak).
 """
 
 from __future__ import annotations
