@@ -76,16 +76,12 @@ def random_ids(n: int, vocab: int, seed: int) -> np.ndarray:
     return np.random.RandomState(seed).randint(0, vocab, size=n).astype(np.int32)
 
 
-@dataclasses.dataclass
 class Runner:
-    """A model's jitted forward plus its parameters; `calls` counts steps."""
+    """A model with its jitted forward (`make_forward`) and split parameters (share one per module)."""
 
-    model: CausalLM
-    forward: object = None
-    params: object = None
-
-    def __post_init__(self) -> None:
-        self.forward, self.params = make_forward(self.model)
+    def __init__(self, model: CausalLM):
+        self.model = model
+        self.forward, self.params = make_forward(model)
 
 
 def full_logits(runner: Runner, ids: Sequence[int], *, kv_dtype=np.float32):
