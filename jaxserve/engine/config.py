@@ -22,7 +22,10 @@ class ServerArgs:
     prompt + output (default: the model's max_position_embeddings). disable_radix_cache: no prefix reuse.
     dtype: "auto" (checkpoint dtype), "float32", "bfloat16" or "float16" (parameters and KV pool).
     swa_full_tokens_ratio: SWA pool size relative to the full pool for hybrid sliding-window models.
-    random_seed: base of the seeds given to requests without one. warmup: compile every bucket shape at
+    disable_overlap_schedule: when False (default), the host schedules and dispatches step t+1 before
+    reading step t's sampled ids (fed to t+1 on device), so host work overlaps device work; a request that
+    stops on EOS / a stop string then computes one wasted token. random_seed: base of the seeds given to
+    requests without one. warmup: compile every bucket shape at
     start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text.
     """
 
@@ -35,6 +38,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     dtype: str = "auto"
     swa_full_tokens_ratio: float = 1.0
+    disable_overlap_schedule: bool = False
     random_seed: int = 0
     warmup: bool = False
     skip_tokenizer_init: bool = False

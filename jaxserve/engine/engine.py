@@ -83,6 +83,7 @@ class Engine:
         self._seeds = SeedSource(args.random_seed)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self._inflight = None  # (batch, device outputs) of the dispatched step not yet applied
         self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
         if args.warmup:
             self.runner.warmup()
@@ -152,22 +153,34 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle
+        """No request queued or running and no step in flight."""
+        return self.scheduler.idle and self._inflight is None
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[Request]:
-        """Schedule, run and apply one step; returns the requests that finished in it ([] when idle)."""
+        """Schedule and dispatch one step, then apply the results of the step before it (overlap schedule)
+        or of this one (`disable_overlap_schedule`). Returns the requests that finished ([] when idle).
+
+        Overlap: step t+1 is built while step t runs; tokens step t sampled reach step t+1 on device. The
+        host reads step t's ids only after dispatching t+1, so the device never waits for the host."""
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
-        if not batch:
+        inflight, self._inflight = self._inflight, None
+        if batch:
+            prev_rows = {} if inflight is None else {
+                s.req: row for row, s in enumerate(inflight[0]) if s.samples}
+            out = self.runner.run(build_step_input(batch, self.kv, self.buckets, prev_rows))
+            self._inflight = (batch, out)
+            self.stats["steps"] += 1
+            self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
+        if self.args.disable_overlap_schedule and batch:  # apply this step now (nothing else is in flight)
+            inflight, self._inflight = self._inflight, None
+        if inflight is None:
             return []
-        out = self.runner.run(build_step_input(batch, self.kv, self.buckets))
         t1 = time.perf_counter()
-        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
+        token_ids, logprobs = np.asarray(inflight[1].token_ids), np.asarray(inflight[1].logprobs)
         t2 = time.perf_counter()
-        finished = self.scheduler.process(batch, token_ids, logprobs)
-        self.stats["steps"] += 1
-        self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
+        finished = self.scheduler.process(inflight[0], token_ids, logprobs)
         self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)
         self.stats["device_wait_s"] += t2 - t1
         return finished
@@ -198,6 +211,8 @@ class Engine:
             return self._stream(rids, is_batch)
         while not all(self._requests[r].finished for r in rids):
             self.step()
+        if self.scheduler.idle:
+            self.run_until_idle()  # apply the step still in flight (tokens after a stop, discarded)
         outs = [self.output(r) for r in rids]
         return outs if is_batch else outs[0]
 
@@ -218,11 +233,15 @@ class Engine:
                 if req.finished:
                     pending.discard(rid)
                 yield {**chunk, "index": i} if is_batch else chunk
+        if self.scheduler.idle:
+            self.run_until_idle()
 
     # ------------------------------------------------------------------ memory
     def flush_cache(self) -> bool:
         """Drop the prefix tree (all cached KV back to the allocator). Only when idle: raises EngineBusyError
         otherwise. Returns True."""
+        if self.scheduler.idle:
+            self.run_until_idle()
         if not self.idle:
             raise EngineBusyError(f"flush_cache with {len(self.scheduler.running)} running and "
                                   f"{len(self.scheduler.waiting)} waiting requests; wait or abort them")

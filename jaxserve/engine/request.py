@@ -1,9 +1,11 @@
 """`Request`: one generation request on the host, from submission to finish.
 
-A request's tokens are `fill_ids = prompt_ids + output_ids`. `num_computed` of them have KV in the pool (at
-`cached.kv_slots[:num_computed]`); the rest are fed in the next steps. A running request that has sampled its
-last token has `num_computed == len(fill_ids) - 1` (a decode feeds that one token). Retraction keeps the
-output: the request comes back with a longer "prompt" to recompute, minus whatever prefix the tree still has.
+A request's tokens are `prompt_ids + output_ids + num_pending` tokens sampled on device but not read back yet
+(at most one per step in flight; the overlap schedule feeds them to the next step straight from the device).
+`num_computed` of them have KV in the pool, or are being computed by a dispatched step (at
+`cached.kv_slots[:num_computed]`); the rest are fed in the next steps. A decoding request has
+`num_computed == fill_len - 1` (a decode feeds that one token). Retraction keeps the known output: the request
+comes back with a longer "prompt" to recompute, minus whatever prefix the tree still has.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Request:
     cached: CachedReq
     status: Status = Status.WAITING
     num_computed: int = 0
+    num_pending: int = 0
     cached_tokens: int = 0
     num_retractions: int = 0
     penalty_row: int | None = None
@@ -52,10 +55,11 @@ class Request:
 
     @property
     def fill_len(self) -> int:
-        return int(self.prompt_ids.shape[0]) + len(self.stop.output_ids)
+        """prompt + output + pending tokens."""
+        return int(self.prompt_ids.shape[0]) + len(self.stop.output_ids) + self.num_pending
 
     def fill_ids(self) -> np.ndarray:
-        """prompt + output as int32 (a fresh array)."""
+        """prompt + output as int32 (a fresh array; pending tokens are not known on the host yet)."""
         out = np.asarray(self.stop.output_ids, np.int32)
         return np.concatenate([self.prompt_ids, out]) if out.size else self.prompt_ids.copy()
 
@@ -63,6 +67,11 @@ class Request:
     def num_remaining(self) -> int:
         """Tokens to feed before the next sample (1 for a decoding request)."""
         return self.fill_len - self.num_computed
+
+    @property
+    def last_token_in_flight(self) -> bool:
+        """max_new_tokens is reached once the pending tokens are read: nothing more to schedule."""
+        return len(self.stop.output_ids) + self.num_pending >= self.max_new_tokens
 
     @property
     def finished(self) -> bool:

@@ -26,15 +26,20 @@ from jaxserve.sampling import PenaltyPool, SampleOutput, new_penalty_pool, sampl
 
 
 @functools.lru_cache(maxsize=8)
-def _make_step(graphdef):
-    """The jitted step for one model graph; cached so that engines over the same model share executables."""
+def _make_step(graphdef, max_seqs: int):
+    """The jitted step for one model graph; cached so that engines over the same model share executables.
+    `prev_tokens` i32[max_seqs] are the previous step's sampled ids (padded), the source of pending tokens;
+    the step returns its own ids padded the same way for the next step."""
+
     @functools.partial(jax.jit, donate_argnames=("kv_pools", "penalties"))
-    def step(params, kv_pools, penalties: PenaltyPool, inp: StepInput):
+    def step(params, kv_pools, penalties: PenaltyPool, prev_tokens: jax.Array, inp: StepInput):
         model = nnx.merge(graphdef, params)
-        logits, kv_pools, _ = model(inp.input_ids, inp.meta, kv_pools)
+        input_ids = jnp.where(inp.prev_rows >= 0, prev_tokens[jnp.maximum(inp.prev_rows, 0)], inp.input_ids)
+        logits, kv_pools, _ = model(input_ids, inp.meta, kv_pools)
         out = sample(logits, inp.sampling, penalties)
         penalties = update_counts(penalties, inp.sampling.penalty_rows, out.token_ids)
-        return kv_pools, penalties, out
+        next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
+        return kv_pools, penalties, next_tokens, out
 
     return step
 
@@ -55,11 +60,15 @@ class ModelRunner:
         self.buckets = buckets
         self.vocab_size = int(model.config.vocab_size)
         self.penalties = new_penalty_pool(num_penalty_rows, self.vocab_size)
-        self._step = _make_step(graphdef)
+        max_seqs = max(buckets.seqs)
+        self._step = _make_step(graphdef, max_seqs)
+        self._last_tokens = jnp.zeros(max_seqs, jnp.int32)
 
     def run(self, inp: StepInput) -> SampleOutput:
-        """Dispatch one step; returns the sampled ids/logprobs as device arrays (not yet waited for)."""
-        self.kv.pools, self.penalties, out = self._step(self.params, self.kv.pools, self.penalties, inp)
+        """Dispatch one step; returns the sampled ids/logprobs as device arrays (not yet waited for).
+        Tokens marked in `inp.prev_rows` are read on device from the previously dispatched step's samples."""
+        self.kv.pools, self.penalties, self._last_tokens, out = self._step(
+            self.params, self.kv.pools, self.penalties, self._last_tokens, inp)
         return out
 
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:

@@ -63,8 +63,8 @@ class Scheduler:
         """The next step's sequences, their slots allocated. Empty only when idle."""
         for _ in range(2):
             batch = self._schedule_once()
-            if batch or self.idle:
-                return batch
+            if batch or self.idle or any(r.num_pending for r in self.running):
+                return batch  # empty with tokens in flight: their results may finish or free requests
         raise SchedulerStuckError(f"no progress with {len(self.running)} running and {len(self.waiting)} "
                                   f"waiting requests ({self.kv.available_slots()} slots free)")
 
@@ -74,8 +74,8 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: r.num_remaining > 1):
             if budget == 0:
                 break
-            if req.status is not Status.RUNNING:
-                continue  # retracted earlier in this loop
+            if req.status is not Status.RUNNING or req.last_token_in_flight:
+                continue  # retracted earlier in this loop, or its last token is already in flight
             num_tokens = min(req.num_remaining, budget)
             while not self.kv.extend(req.cached, req.num_computed, req.num_computed + num_tokens):
                 victim = self.running[-1]
@@ -84,7 +84,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                batch.append(ScheduledSeq(req, req.num_computed, num_tokens))
+                batch.append(self._commit(req, num_tokens))
                 budget -= num_tokens
         while not retracted and self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self._admit(self.waiting[0], budget)
@@ -93,6 +93,15 @@ class Scheduler:
             batch.append(seq)
             budget -= seq.num_tokens
         return batch
+
+    @staticmethod
+    def _commit(req: Request, num_tokens: int) -> ScheduledSeq:
+        """Record that a dispatched step computes `num_tokens` more tokens of `req` (and samples one more
+        token when they end its fill: pending until the step's result is read)."""
+        seq = ScheduledSeq(req, req.num_computed, num_tokens, req.num_computed + num_tokens == req.fill_len)
+        req.num_computed += num_tokens
+        req.num_pending += seq.samples
+        return seq
 
     def _admit(self, req: Request, budget: int) -> ScheduledSeq | None:
         """Match + lock the cached prefix and allocate the first chunk; None (nothing held) if short."""
@@ -110,7 +119,7 @@ class Scheduler:
         if req.params.uses_penalties and self._set_penalty_row is not None:
             req.penalty_row = self._free_rows.pop()
             self._set_penalty_row(req.penalty_row, req.prompt_ids, list(req.output_ids))
-        return ScheduledSeq(req, prefix, num_tokens)
+        return self._commit(req, num_tokens)
 
     def _retract(self, req: Request, batch: list[ScheduledSeq]) -> int:
         """Preempt a running request: free its private KV (the tree keeps its cached part), requeue it at the
@@ -119,7 +128,7 @@ class Scheduler:
         batch[:] = [s for s in batch if s.req is not req]
         self._drop_running(req)
         self.kv.tree.release_req(req.cached)
-        req.status, req.num_computed = Status.WAITING, 0
+        req.status, req.num_computed, req.num_pending = Status.WAITING, 0, 0  # a pending token is recomputed
         req.num_retractions += 1
         self.num_retractions += 1
         self.waiting.appendleft(req)
@@ -134,21 +143,23 @@ class Scheduler:
     # ------------------------------------------------------------------ results
     def process(self, batch: list[ScheduledSeq], token_ids: np.ndarray,
                 logprobs: np.ndarray) -> list[Request]:
-        """Apply a finished step: advance `num_computed`, append sampled tokens, cache chunks, finish
-        requests (their KV goes to the tree or back to the allocator). Returns the requests that finished."""
+        """Apply a step's results (steps are processed in dispatch order): append sampled tokens, cache
+        prefill chunks, finish requests (their KV goes to the tree or back to the allocator). Requests
+        aborted, retracted or finished since the step was scheduled are skipped. Returns the finished ones."""
         finished = []
         for row, seq in enumerate(batch):
             req = seq.req
-            if req.status is not Status.RUNNING:
-                continue  # aborted while the step ran
-            req.num_computed = seq.start + seq.num_tokens
+            if req.status is not Status.RUNNING or seq.start + seq.num_tokens > req.num_computed:
+                continue  # aborted / finished / retracted (and maybe re-admitted) since it was scheduled
+            stop = seq.start + seq.num_tokens
             prompt_len = int(req.prompt_ids.shape[0])
-            self.num_prompt_tokens_computed += max(0, min(req.num_computed, prompt_len) - seq.start)
+            self.num_prompt_tokens_computed += max(0, min(stop, prompt_len) - seq.start)
             if seq.num_tokens > 1 or not seq.samples:
                 # after every prefill chunk, final ones included: later arrivals can match it right away
-                self.kv.tree.cache_unfinished_req(req.cached, req.fill_ids()[: req.num_computed])
+                self.kv.tree.cache_unfinished_req(req.cached, req.fill_ids()[:stop])
             if not seq.samples:
                 continue
+            req.num_pending -= 1
             req.logprobs.append(float(logprobs[row]))
             if req.stop.append(int(token_ids[row])) is not None:
                 self._finish(req)

@@ -8,7 +8,7 @@ once per (tokens, sequences, pages) bucket triple; padding tokens write to the r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -53,38 +53,50 @@ class Buckets:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class StepInput:
-    """input_ids i32[T]; `meta` (positions, slots, page tables, kv_lens, sample_idx); `sampling` (one row
-    per sequence, padded to S)."""
+    """input_ids i32[T]; `prev_rows` i32[T]: -1, or the row of the previous step's sampled tokens that
+    replaces the token (a token sampled on device and not read back yet); `meta` (positions, slots, page
+    tables, kv_lens, sample_idx); `sampling` (one row per sequence, padded to S)."""
 
     input_ids: np.ndarray | jax.Array
+    prev_rows: np.ndarray | jax.Array
     meta: AttentionMetadata
     sampling: SamplingBatch
 
 
 @dataclasses.dataclass(frozen=True)
 class ScheduledSeq:
-    """`req` feeds its tokens `[start, start + num_tokens)` this step; it samples when they end its fill."""
+    """`req` feeds its tokens `[start, start + num_tokens)` this step; `samples`: they end its fill, so the
+    step samples its next token."""
 
     req: Request
     start: int
     num_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        return self.start + self.num_tokens == self.req.fill_len
+    samples: bool
 
 
-def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets) -> StepInput:
+def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets,
+                     prev_rows: Mapping[Request, int] | None = None) -> StepInput:
     """Pack the scheduled sequences (their slots already allocated) into a padded StepInput. O(T + S*pages)
-    on the host. Rows of sequences that do not sample this step get greedy padding parameters."""
-    steps, tokens, rows = [], [], []
+    on the host. A request's token that is still pending (sampled by the step in flight) is taken on device
+    from that step's row `prev_rows[req]`. Rows of sequences that do not sample get greedy padding params."""
+    steps, tokens, rows, from_prev = [], [], [], []
+    t = 0
     for seq in seqs:
         req, stop = seq.req, seq.start + seq.num_tokens
         full, swa = kv.page_ids(req.cached, stop)
         steps.append(SequenceStep(seq.num_tokens, stop, full, swa))
-        tokens.append(req.fill_ids()[seq.start:stop])
+        known = req.fill_ids()[seq.start:stop]
+        if known.shape[0] < seq.num_tokens:  # the last token is pending: one at most
+            if prev_rows is None or req not in prev_rows or known.shape[0] + 1 != seq.num_tokens:
+                missing = seq.num_tokens - known.shape[0]
+                raise ValueError(f"request {req.rid}: {missing} tokens to feed are not known on the host")
+            from_prev.append((t + seq.num_tokens - 1, prev_rows[req]))
+            known = np.append(known, np.int32(0))
+        tokens.append(known)
+        t += seq.num_tokens
         if seq.samples:
-            rows.append(SamplingRow(req.params, req.seed, len(req.output_ids), req.penalty_row))
+            num_generated = len(req.output_ids) + req.num_pending - 1  # this step's sample is pending already
+            rows.append(SamplingRow(req.params, req.seed, num_generated, req.penalty_row))
         else:
             rows.append(SamplingRow(_PAD_PARAMS, 0, 0, None))
     meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid,
@@ -93,8 +105,11 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     input_ids = np.zeros(meta.num_tokens, np.int32)
     flat = np.concatenate(tokens)
     input_ids[: flat.shape[0]] = flat
+    prev = np.full(meta.num_tokens, -1, np.int32)
+    for token, row in from_prev:
+        prev[token] = row
     sampling = build_sampling_batch(rows, meta.num_seqs)
-    return StepInput(input_ids, meta, sampling)
+    return StepInput(input_ids, prev, meta, sampling)
 
 
 def padding_step_input(kv: KVCache, num_tokens: int, num_seqs: int, num_pages: int) -> StepInput:
@@ -106,4 +121,5 @@ def padding_step_input(kv: KVCache, num_tokens: int, num_seqs: int, num_pages: i
         swa_write_slots=np.zeros(num_tokens, np.int32) if kv.hybrid else None,
         swa_page_table=np.zeros((num_seqs, num_pages), np.int32) if kv.hybrid else None,
         page_size=kv.page_size)
-    return StepInput(np.zeros(num_tokens, np.int32), meta, build_sampling_batch([], num_seqs))
+    return StepInput(np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32), meta,
+                     build_sampling_batch([], num_seqs))
