@@ -36,7 +36,7 @@ def run_staggered(engine, batch, order, waves: int, steps_between: int, params=G
 def reference(llama):
     _, model, _ = llama
     batch = shared_prefix_prompts(0, 10, 37)
-    engine = make_engine(model, disable_radix_cache=True)
+    engine = make_engine(model, disable_radix_cache=True, disable_overlap_schedule=True)
     outs = engine.generate(input_ids=batch, sampling_params=GREEDY)
     assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs)
     return batch, [o["output_ids"] for o in outs]
