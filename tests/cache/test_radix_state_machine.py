@@ -1,13 +1,13 @@
 """Random interleavings of everything the scheduler does with a RadixCache, against a brute-force model.
 
-The model is a dict: every cached prefix that ends on a page boundary, as the tuple of tokens that make it up
-(`i` tokens for `i` units, `i + 1` under EAGLE) -> the slots of its last page. A prefix is matchable iff all
-its pages are in the dict. Several requests sharing prefixes are admitted,
-prefilled in chunks (`cache_unfinished_req`), decoded, finished or released, interleaved with direct
-match / insert / lock / unlock / evict calls. After every step: the tree holds exactly the model's prefixes
-with the model's slots, matched lengths and returned counts equal the model's, lock counts equal the live
-locks, and `check_invariants` proves that every page is free, in the tree, or private to one live request
-(the CheckedAllocator raises on any double free). Page sizes 1 / 4 / 16, EAGLE off / on.
+The model is a dict: every cached prefix that ends on a page boundary, as its namespace (extra_key) and the
+tokens that make it up (`i` tokens for `i` units, `i + 1` under EAGLE) -> the slots of its last page. A prefix
+is matchable iff all its pages are in the dict. Several requests sharing prefixes are admitted, prefilled in
+chunks (`cache_unfinished_req`), decoded, finished or released, interleaved with direct match / insert /
+lock / unlock / evict calls. After every step: the tree holds exactly the model's prefixes with the model's
+slots, matched lengths and returned counts equal the model's, lock counts equal the live locks, and
+`check_invariants` proves that every page is free, in the tree, or private to one live request (the
+CheckedAllocator raises on any double free). Page sizes 1 / 4 / 16, EAGLE off / on.
 """
 
 from __future__ import annotations
@@ -48,21 +48,21 @@ class RadixMachine(RuleBasedStateMachine):
         units = max(num_tokens - self.EAGLE, 0)
         return units - units % self.PAGE_SIZE
 
-    def model_match(self, tokens: list[int]) -> list[int]:
+    def model_match(self, tokens: list[int], ns: str | None = None) -> list[int]:
         out: list[int] = []
         p, e = self.PAGE_SIZE, self.EAGLE
         for end in range(p, self.units_of(len(tokens)) + 1, p):
-            page = self.model.get(tuple(tokens[: end + e]))
+            page = self.model.get((ns, *tokens[: end + e]))
             if page is None:
                 break
             out.extend(page)
         return out
 
-    def model_insert(self, tokens: list[int], slots: np.ndarray) -> int:
+    def model_insert(self, tokens: list[int], slots: np.ndarray, ns: str | None = None) -> int:
         """Cache the units of `tokens` (whole pages) with `slots`; return the count of units cached before."""
         num_cached, p, e = 0, self.PAGE_SIZE, self.EAGLE
         for end in range(p, len(tokens) - e + 1, p):
-            key = tuple(tokens[: end + e])
+            key = (ns, *tokens[: end + e])
             if key in self.model:
                 assert num_cached == end - p, "model prefixes must be closed"
                 num_cached = end
@@ -82,7 +82,7 @@ class RadixMachine(RuleBasedStateMachine):
             first_unit = len(path) - e - node.num_units
             values = node.value.tolist()
             for j in range(0, node.num_units, p):
-                out[tuple(path[: first_unit + j + p + e])] = tuple(values[j : j + p])
+                out[(node.key.extra_key, *path[: first_unit + j + p + e])] = tuple(values[j : j + p])
             stack.extend((child, path) for child in node.children.values())
         return out
 
@@ -112,19 +112,20 @@ class RadixMachine(RuleBasedStateMachine):
 
     def cache_prefix(self, sim: SimReq, tokens: list[int], num_units: int, old_kv: np.ndarray) -> int:
         """Model side of the request ops' insert: returns the count the tree had already."""
-        return self.model_insert(tokens[: num_units + self.EAGLE], old_kv[:num_units])
+        return self.model_insert(tokens[: num_units + self.EAGLE], old_kv[:num_units], sim.req.extra_key)
 
     # ------------------------------------------------------------------ request rules
     tails = st.lists(st.integers(10, 13), max_size=8)
+    namespaces = st.sampled_from([None, None, "lora-a"])  # extra_key: mostly shared, sometimes isolated
 
     @precondition(lambda self: len(self.reqs) < MAX_LIVE)
-    @rule(base=st.integers(0, 1), cut=st.integers(0, 100), tail=tails)
-    def admit(self, base: int, cut: int, tail: list[int]) -> None:
+    @rule(base=st.integers(0, 1), cut=st.integers(0, 100), tail=tails, ns=namespaces)
+    def admit(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
         prompt = self.prompt(base, cut, tail)
         if len(prompt) < 2:
             return
-        sim = SimReq(prompt, CachedReq(last_node=self.cache.root))
-        want = self.model_match(prompt[:-1])
+        sim = SimReq(prompt, CachedReq(last_node=self.cache.root, extra_key=ns))
+        want = self.model_match(prompt[:-1], ns)
         sim.admitted = self.cache.admit(sim.req, prompt)
         assert sim.admitted == len(want) and sim.req.kv_slots.tolist() == want
         self.reqs.append(sim)
@@ -165,7 +166,8 @@ class RadixMachine(RuleBasedStateMachine):
         assert rewritten == (owned, max(owned, num_cached))
         assert req.prefix_len == stop and req.last_matched_prefix_len == max(num_units, owned)
         tree_part = req.last_matched_prefix_len
-        assert req.kv_slots[:tree_part].tolist() == self.model_match(sim.prompt[: tree_part + self.EAGLE])
+        want = self.model_match(sim.prompt[: tree_part + self.EAGLE], req.extra_key)
+        assert req.kv_slots[:tree_part].tolist() == want
         assert req.kv_slots[tree_part:].tolist() == old_kv[tree_part:].tolist()
 
     def finish(self, sim: SimReq) -> None:
@@ -186,8 +188,8 @@ class RadixMachine(RuleBasedStateMachine):
             self.reqs.remove(sim)
 
     # ------------------------------------------------------------------ direct tree rules
-    @rule(base=st.integers(0, 1), cut=st.integers(0, 100), tail=tails)
-    def insert(self, base: int, cut: int, tail: list[int]) -> None:
+    @rule(base=st.integers(0, 1), cut=st.integers(0, 100), tail=tails, ns=namespaces)
+    def insert(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
         tokens = self.prompt(base, cut, tail)
         num_units = self.units_of(len(tokens))
         if num_units == 0:
@@ -197,17 +199,17 @@ class RadixMachine(RuleBasedStateMachine):
         slots = self.alloc.alloc(num_units)
         if slots is None:
             return
-        want = self.model_insert(tokens[: num_units + self.EAGLE], slots)
-        num_cached = self.cache.insert(tokens[: num_units + self.EAGLE], slots)
+        want = self.model_insert(tokens[: num_units + self.EAGLE], slots, ns)
+        num_cached = self.cache.insert(tokens[: num_units + self.EAGLE], slots, extra_key=ns)
         assert num_cached == want
         if num_cached:
             self.alloc.free(slots[:num_cached])  # the caller's duplicates
 
-    @rule(base=st.integers(0, 1), cut=st.integers(0, 100), tail=tails, lock=st.booleans())
-    def match(self, base: int, cut: int, tail: list[int], lock: bool) -> None:
+    @rule(base=st.integers(0, 1), cut=st.integers(0, 100), tail=tails, lock=st.booleans(), ns=namespaces)
+    def match(self, base: int, cut: int, tail: list[int], lock: bool, ns: str | None) -> None:
         tokens = self.prompt(base, cut, tail)
-        slots, node = self.cache.match_prefix(tokens)
-        assert slots.tolist() == self.model_match(tokens)
+        slots, node = self.cache.match_prefix(tokens, extra_key=ns)
+        assert slots.tolist() == self.model_match(tokens, ns)
         assert sum(n.num_units for n in node.path_from_root()) == slots.shape[0]
         if lock:
             self.cache.inc_lock_ref(node)
