@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from cache import CachedReq
 from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import (
     EngineBusyError,
@@ -40,12 +39,12 @@ from jaxserve.engine.inputs import (
     normalise_prompts,
 )
 from jaxserve.engine.kv_cache import KVCache
-from jaxserve.engine.request import Request, Status
+from jaxserve.engine.request import Request, Status, make_request
 from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import Buckets, build_step_input
 from jaxserve.models.decoder import CausalLM
-from jaxserve.sampling import SamplingParams, SeedSource, StopChecker
+from jaxserve.sampling import SamplingParams, SeedSource
 
 
 class Engine:
@@ -131,9 +130,9 @@ class Engine:
             raise InvalidRequestError(f"request id {rid!r} is already live")
         skip = params.skip_special_tokens
         detok = (lambda t: self.tokenizer.decode(list(t), skip_special_tokens=skip)) if self.tokenizer \
-            else (lambda t: "")
-        req = Request(rid, ids, params, self._seeds.seed_for(params), params.max_new_tokens,
-                      StopChecker(params, self.eos_token_ids, detok), CachedReq(self.kv.tree.root))
+            else None
+        req = make_request(rid, ids, params, tree_root=self.kv.tree.root, seed=self._seeds.seed_for(params),
+                           eos_token_ids=self.eos_token_ids, detokenize=detok)
         self._requests[rid] = req
         if req.stop.finished:  # max_new_tokens == 0: nothing to compute
             req.status, req.finish_time = Status.FINISHED, time.perf_counter()

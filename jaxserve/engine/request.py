@@ -96,3 +96,12 @@ class Request:
         if self.params.return_logprob:
             info["output_token_logprobs"] = list(zip(self.logprobs, self.stop.output_ids, strict=True))
         return info
+
+
+def make_request(rid: str, prompt_ids: np.ndarray, params: SamplingParams, *, tree_root, seed: int,
+                 eos_token_ids=(), detokenize=None) -> Request:
+    """A fresh WAITING request (validated elsewhere: see `Engine.submit`). `tree_root`: the prefix tree's
+    root (`kv.tree.root`); `detokenize(ids) -> str` for text and stop strings (None: no text)."""
+    stop = StopChecker(params, eos_token_ids, detokenize or (lambda ids: ""))
+    return Request(rid, np.asarray(prompt_ids, np.int32), params, seed, params.max_new_tokens, stop,
+                   CachedReq(tree_root))
