@@ -83,12 +83,15 @@ def expected_match(model: dict, tokens: list[int], page_size: int, eagle: bool, 
 class SWAMachine(RuleBasedStateMachine):
     page_size = 1
     eagle = False
+    num_full_pages = 40
+    num_swa_pages = 14  # scarcer than full: allocation-driven evictions tombstone too
 
     @initialize(window=st.integers(1, 3), seed=st.integers(0, 2**16))
     def setup(self, window: int, seed: int) -> None:
+        """`window` in pages (in tokens at P=1)."""
         p = self.page_size
-        self.window = window * p if p > 1 else window
-        self.alloc = CheckedSWAAllocator(40 * p, 14 * p, p)
+        self.window = window * p
+        self.alloc = CheckedSWAAllocator(self.num_full_pages * p, self.num_swa_pages * p, p)
         self.tree = SWARadixCache(self.alloc, sliding_window=self.window, page_size=p, eagle=self.eagle)
         rng = np.random.default_rng(seed)
         self.bases = [rng.integers(0, VOCAB, 6 * p + 4).tolist() for _ in range(2)]
