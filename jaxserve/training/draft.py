@@ -15,7 +15,7 @@ Reported per step k: top-1 agreement = argmax(draft) mapped through d2t == argma
 generated text. The shared embedding (the target's) stays frozen; AdamW as for the target.
 
     python -m jaxserve.training.draft --target build/embedded/target --corpus build/embedded/corpus \
-        --out build/embedded/draft --minutes 8
+        --out build/embedded/draft --steps 600 --minutes 8
 """
 
 from __future__ import annotations
@@ -231,6 +231,7 @@ def train(args: argparse.Namespace) -> dict:
         losses, accs = trainer.step(batch, lr)
         tokens += batch.size
         if (step + 1) % args.log_every == 0 or step == 0:
+            losses, accs = np.asarray(losses), np.asarray(accs)  # waits for the step: honest tokens/s
             now = time.perf_counter()
             entry = {"step": step + 1, "loss": [round(float(x), 4) for x in losses],
                      "acc": [round(float(x), 4) for x in accs], "lr": round(lr, 6),
@@ -269,8 +270,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--minutes", type=float, default=8.0, help="time budget (0 = steps only)")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--minutes", type=float, default=8.0, help="time cap (0 = steps only)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=25)

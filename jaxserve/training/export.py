@@ -22,10 +22,11 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.loader.weight_spec import identity, transpose
 
 SIZE_BUDGET_BYTES = 20 * 1024 * 1024
-EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "assets" / "embedded"
+EMBEDDED_DIR = EMBEDDED_MODEL_DIR
 
 
 def checkpoint_tensors(model) -> dict[str, np.ndarray]:

@@ -9,10 +9,10 @@ Training runs the serving model's own modules through `jaxserve.training.dense.d
 attention call replaced by dense attention; tests check the logits against the paged path): next-token
 cross-entropy plus a small load-balancing loss on the routers (fraction routed x mean router probability,
 HF's `router_aux_loss_coef` idea), AdamW (betas 0.9/0.95, weight decay on matrices only), warm-up then
-cosine decay over the step or time budget, whichever ends first; gradient clipping at 1.0.
+cosine decay over the step budget or the time cap, whichever ends first; gradient clipping at 1.0.
 
     python -m jaxserve.training.target --corpus build/embedded/corpus --tokenizer build/embedded/tokenizer \
-        --out build/embedded/target --minutes 14
+        --out build/embedded/target --steps 600 --minutes 15
 
 writes a Hugging Face checkpoint (config.json + model.safetensors, HF tensor names; transformers loads it)
 and `training.json` (losses, tokens/s). `--init-from DIR` continues from a saved checkpoint (fresh optimiser
@@ -211,8 +211,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sliding-window", type=int, default=32)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--minutes", type=float, default=14.0, help="time budget (0 = steps only)")
+    p.add_argument("--steps", type=int, default=600, help="600 x 16 x 256 = 2.5M tokens")
+    p.add_argument("--minutes", type=float, default=15.0, help="time cap (0 = steps only)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
