@@ -105,9 +105,14 @@ class Engine:
         PromptTooLongError, RequestTooLargeError) / InvalidSamplingParamsError with nothing queued."""
         items, _ = normalise_prompts(prompt, input_ids)
         params = normalise_params(sampling_params, 1, self.vocab_size)[0]
-        return self._submit(items[0], params, 0, rid)
+        if rid is not None and rid in self._requests and not self._requests[rid].finished:
+            raise InvalidRequestError(f"request id {rid!r} is already live")
+        return self._enqueue(*self._prepare(items[0], params, 0), rid)
 
-    def _submit(self, item: str | list[int], params: SamplingParams, index: int, rid: str | None) -> str:
+    def _prepare(self, item: str | list[int], params: SamplingParams, index: int) -> tuple[np.ndarray,
+                                                                                           SamplingParams]:
+        """Tokenize and check one request against the vocabulary, the context and the pool; returns its
+        ids and params with max_new_tokens clamped to the context. Raises before anything is queued."""
         if isinstance(item, str):
             if self.tokenizer is None:
                 raise InvalidRequestError("this engine has no tokenizer: pass input_ids instead of text")
@@ -125,9 +130,10 @@ class Engine:
             raise RequestTooLargeError(
                 f"request {index}: {kv_tokens} tokens of KV (prompt + max_new_tokens - 1) exceed the pool of "
                 f"{self.kv.num_slots} slots; raise max_total_tokens or lower max_new_tokens")
+        return ids, params
+
+    def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:
         rid = rid if rid is not None else f"req-{next(self._ids)}"
-        if rid in self._requests and not self._requests[rid].finished:
-            raise InvalidRequestError(f"request id {rid!r} is already live")
         skip = params.skip_special_tokens
         detok = (lambda t: self.tokenizer.decode(list(t), skip_special_tokens=skip)) if self.tokenizer \
             else None
@@ -143,6 +149,12 @@ class Engine:
     def abort(self, rid: str) -> None:
         """Stop a request wherever it is (queued, mid-prefill, mid-decode); its private KV is freed now."""
         self.scheduler.abort(self.request(rid))
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished or aborted request's record (its output); raises InvalidRequestError if live."""
+        if not self.request(rid).finished:
+            raise InvalidRequestError(f"request {rid!r} is still live; abort it first")
+        del self._requests[rid]
 
     def request(self, rid: str) -> Request:
         try:
@@ -202,10 +214,8 @@ class Engine:
         is validated before any is queued."""
         items, is_batch = normalise_prompts(prompt, input_ids)
         params = normalise_params(sampling_params, len(items), self.vocab_size)
-        for i, item in enumerate(items):
-            if not isinstance(item, str):
-                check_token_ids(item, self.vocab_size, i)
-        rids = [self._submit(item, p, i, None) for i, (item, p) in enumerate(zip(items, params, strict=True))]
+        prepared = [self._prepare(item, p, i) for i, (item, p) in enumerate(zip(items, params, strict=True))]
+        rids = [self._enqueue(ids, p, None) for ids, p in prepared]
         if stream:
             return self._stream(rids, is_batch)
         while not all(self._requests[r].finished for r in rids):
@@ -213,6 +223,8 @@ class Engine:
         if self.scheduler.idle:
             self.run_until_idle()  # apply the step still in flight (tokens after a stop, discarded)
         outs = [self.output(r) for r in rids]
+        for rid in rids:  # returned to the caller: the engine keeps no record (submit/step users call forget)
+            self.forget(rid)
         return outs if is_batch else outs[0]
 
     def _stream(self, rids: list[str], is_batch: bool) -> Iterator[dict]:
@@ -231,6 +243,7 @@ class Engine:
                 sent[rid] = len(req.output_ids)
                 if req.finished:
                     pending.discard(rid)
+                    self.forget(rid)
                 yield {**chunk, "index": i} if is_batch else chunk
         if self.scheduler.idle:
             self.run_until_idle()

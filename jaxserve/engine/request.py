@@ -83,7 +83,8 @@ class Request:
         return self.stop.finish_reason
 
     def meta_info(self) -> dict:
-        """SGLang-style meta_info: token counts, prefix-cache hits and the finish reason."""
+        """SGLang-style meta_info: token counts, `cached_tokens` (prompt tokens reused from the prefix cache
+        at the first admission), the finish reason and e2e_latency (seconds since submission)."""
         end = self.finish_time if self.finish_time is not None else time.perf_counter()
         info = {
             "id": self.rid,

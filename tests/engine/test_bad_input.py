@@ -15,7 +15,7 @@ def engine(llama):
 
 @pytest.mark.parametrize(("kwargs", "error", "words"), [
     ({"input_ids": []}, InvalidRequestError, "empty"),
-    ({"input_ids": [[1, 2], []]}, InvalidRequestError, "empty"),
+    ({"input_ids": [[], [1, 2]]}, InvalidRequestError, "request 0: the prompt is empty"),
     ({"input_ids": [1, 256]}, InvalidRequestError, "outside the vocabulary"),
     ({"input_ids": [-1, 3]}, InvalidRequestError, "outside the vocabulary"),
     ({"input_ids": [1, 2], "prompt": "hi"}, InvalidRequestError, "exactly one"),
@@ -62,3 +62,9 @@ def test_text_without_tokenizer_and_unknown_ids(engine):
         engine.generate("hello")
     with pytest.raises(UnknownRequestError):
         engine.abort("no-such-request")
+
+
+def test_one_bad_request_in_a_batch_queues_none(engine):
+    with pytest.raises(PromptTooLongError, match="request 1"):
+        engine.generate(input_ids=[[1, 2, 3], list(range(100))], sampling_params={"max_new_tokens": 4})
+    assert engine.idle and not engine._requests

@@ -40,3 +40,14 @@ def test_randomized_run_stays_within_the_bucket_count():
     assert all(r.finished for r in engine._requests.values())
     engine.flush_cache()
     assert engine.kv.allocator.available_size() == engine.kv.num_slots
+
+
+def test_warmup_compiles_every_bucket_shape_once():
+    model = random_model(ModelConfig.from_dict({**CONFIG, "vocab_size": 300}), seed=4)
+    buckets = Buckets(tokens=(8, 16), seqs=(2,), pages=(64,))
+    engine = Engine(model=model, max_total_tokens=64, chunked_prefill_size=16, max_running_requests=2,
+                    buckets=buckets, warmup=True)
+    assert engine.runner.num_compiles == buckets.num_shapes == 2
+    assert engine.kv.allocator.available_size() == engine.kv.num_slots  # warm-up touched only slot 0
+    engine.generate(input_ids=[[1, 2, 3], list(range(14))], sampling_params={"max_new_tokens": 5})
+    assert engine.runner.num_compiles == 2
