@@ -10,7 +10,9 @@ Correct where SGLang 0.5.3.post1 is not (reference §8, §23): SGLang takes the 
 page whose first slots the request still uses, and the page-granular free then releases them (a slot both free
 and live). Here the range always starts at `L`, the page-aligned end of what the tree owned, so a duplicate
 range is whole pages the request owns, and the request's slots for them are replaced by the tree's. Matched
-lengths and accounting equal SGLang's in every case where SGLang keeps the ownership rule (Appendix A).
+lengths and accounting equal SGLang's in the reference's worked examples (§7, §8, Appendix A); the two can
+only differ where SGLang's own free breaks the ownership rule. Also deliberate: `cache_finished_req` and
+`release_req` free every private slot, including any the caller allocated beyond the tokens with KV.
 """
 
 from __future__ import annotations
