@@ -194,6 +194,7 @@ class RadixCache(RadixRequestOps):
             return MatchResult(_EMPTY_SLOTS.copy(), self.root)
         node, _, values = self._walk(key, token_bytes, num_units)
         self._lru.push_if_evictable(node)
+        self._lru.compact(self._num_nodes)
         if not values:
             return MatchResult(_EMPTY_SLOTS.copy(), node)
         return MatchResult(np.concatenate(values) if len(values) > 1 else values[0].copy(), node)
@@ -297,6 +298,7 @@ class RadixCache(RadixRequestOps):
                 self._protected_size -= n.num_units
             n.lock_ref -= 1
             self._lru.push_if_evictable(n)
+        self._lru.compact(self._num_nodes)
 
     # ------------------------------------------------------------------ eviction
     def evict(self, num_tokens: int) -> int:
