@@ -109,14 +109,15 @@ def ttt_unroll(draft: Eagle3Draft, embedding: jax.Array, ids: jax.Array, aux: ja
 
 
 def ttt_losses(draft: Eagle3Draft, target_logits: jax.Array, step_logits: list[jax.Array]):
-    """Per step k: (soft cross-entropy on positions whose target argmax is in the draft vocab, top-1
-    agreement of mapped draft argmax with target argmax over all positions)."""
+    """Per step k: soft cross-entropy on positions whose target argmax is in the draft vocab, top-1
+    agreement of the mapped draft argmax with the target argmax over all positions, and that mapped argmax
+    `[B, T]` (a target id). Returns three lists over k."""
     cfg = draft.config
     draft_ids = jnp.arange(cfg.num_draft_tokens)
     target_ids = draft.to_target_ids(draft_ids)
     in_vocab = jnp.zeros(cfg.vocab_size, bool).at[target_ids].set(True)
     num_tokens = step_logits[0].shape[1]
-    losses, accs = [], []
+    losses, accs, preds = [], [], []
     for k, logits in enumerate(step_logits):
         teacher = target_logits[:, 1 + k: 1 + k + num_tokens]
         target_top = teacher.argmax(-1)
@@ -124,8 +125,9 @@ def ttt_losses(draft: Eagle3Draft, target_logits: jax.Array, step_logits: list[j
         p = jax.nn.softmax(teacher[..., target_ids], axis=-1)
         ce = -(p * jax.nn.log_softmax(logits, axis=-1)).sum(-1)
         losses.append((ce * mask).sum() / jnp.maximum(mask.sum(), 1.0))
-        accs.append((target_ids[logits.argmax(-1)] == target_top).mean())
-    return losses, accs
+        preds.append(target_ids[logits.argmax(-1)])
+        accs.append((preds[-1] == target_top).mean())
+    return losses, accs, preds
 
 
 class DraftTrainer:
@@ -143,15 +145,15 @@ class DraftTrainer:
             target_logits, aux = jax.lax.stop_gradient(dense_forward(model, ids))
             embedding = jax.lax.stop_gradient(model.embed.embed.embedding[...])
             d = nnx.merge(graphdef, params, rest)
-            losses, accs = ttt_losses(d, target_logits, ttt_unroll(d, embedding, ids, aux, num_steps))
+            losses, accs, preds = ttt_losses(d, target_logits, ttt_unroll(d, embedding, ids, aux, num_steps))
             total = sum(LOSS_DECAY ** k * loss for k, loss in enumerate(losses))
-            return total, (jnp.stack(losses), jnp.stack(accs))
+            return total, (jnp.stack(losses), jnp.stack(accs), jnp.stack(preds, axis=-1))
 
         @functools.partial(jax.jit, donate_argnums=(0, 1))
         def step(params, opt_state, t_state, ids):
-            (_, aux), grads = jax.value_and_grad(metrics, has_aux=True)(params, t_state, ids)
+            (_, (losses, accs, _)), grads = jax.value_and_grad(metrics, has_aux=True)(params, t_state, ids)
             updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, aux
+            return optax.apply_updates(params, updates), opt_state, (losses, accs)
 
         self._t_state = t_state
         self._step = step
@@ -163,15 +165,48 @@ class DraftTrainer:
                                                                  jnp.asarray(ids))
         return losses, accs
 
-    def evaluate(self, sequences: np.ndarray, batch_size: int) -> tuple[list[float], list[float]]:
+    def evaluate(self, sequences: np.ndarray, batch_size: int) -> tuple[list[float], list[float], np.ndarray]:
+        """Mean loss and agreement per unroll step over `sequences`, and the draft's mapped argmax
+        `[n, T, K]` (for the first n = whole batches of sequences)."""
         out = [self._eval(self.params, self._t_state, jnp.asarray(sequences[i: i + batch_size]))
                for i in range(0, max(1, len(sequences) - batch_size + 1), batch_size)]
         losses = np.mean([np.asarray(o[0]) for o in out], axis=0)
         accs = np.mean([np.asarray(o[1]) for o in out], axis=0)
-        return [round(float(x), 4) for x in losses], [round(float(x), 4) for x in accs]
+        preds = np.concatenate([np.asarray(o[2]) for o in out])
+        return [round(float(x), 4) for x in losses], [round(float(x), 4) for x in accs], preds
 
     def model(self) -> Eagle3Draft:
         return nnx.merge(self.graphdef, self.params, self.rest)
+
+
+def chain_acceptance(preds: np.ndarray, sequences: np.ndarray, prompt_len: int, num_steps: int = 2) -> dict:
+    """Acceptance of greedy chain drafting (topk 1, `num_steps` draft tokens per verify), replayed on the
+    greedy rows (even rows, see `generate_data`) of `sequences` from the unroll's predictions.
+
+    After prefill of the `prompt_len` prompt tokens the target has produced x_P; a verify with the newest
+    token x_n proposes the step-k predictions at position n - 1, accepts them while they equal x_{n+1+k}
+    (the target's greedy tokens) and emits accepted + 1 tokens. Exact for greedy verification: a later
+    step's input only matters when the earlier draft was accepted, i.e. equal to the teacher-forced token.
+    Returns the pooled mean of (accepted + 1) per verify and SGLang's acc_length (completion tokens, first
+    token included, over verifies), pooled over requests.
+    """
+    rows = np.arange(0, min(len(preds), len(sequences)), 2)
+    num_positions = preds.shape[1]
+    emitted = verifies = completion = 0
+    for row in rows:
+        seq, n = sequences[row], prompt_len
+        completion += 1
+        while n - 1 < num_positions and n + num_steps < len(seq):
+            accepted = 0
+            while accepted < num_steps and preds[row, n - 1, accepted] == seq[n + 1 + accepted]:
+                accepted += 1
+            emitted += accepted + 1
+            completion += accepted + 1
+            verifies += 1
+            n += accepted + 1
+    return {"mean_tokens_per_verify": round(emitted / max(verifies, 1), 4),
+            "acc_length": round(completion / max(verifies, 1), 4), "verifies": verifies,
+            "num_steps": num_steps}
 
 
 def generate_data(target, stream: np.ndarray, num_seqs: int, prompt_len: int, seq_len: int, seed: int,
@@ -187,6 +222,22 @@ def generate_data(target, stream: np.ndarray, num_seqs: int, prompt_len: int, se
         temps = np.where(np.arange(batch_size) % 2 == 0, 0.0, 0.8)
         out.append(continue_prompts(target, prompts, seq_len - prompt_len, temps, rng, forward)[:n])
     return np.concatenate(out)
+
+
+def init_head_from_target(draft: Eagle3Draft, target) -> None:
+    """Start the draft's LM head and final norm from the target's (rows of the draft vocabulary): the
+    draft's output state then begins in the target's logit space, which shortens training a lot."""
+    if target.config.tie_word_embeddings or target.config.hidden_size != draft.config.hidden_size:
+        return
+    ids = draft.to_target_ids(jnp.arange(draft.config.num_draft_tokens))
+    draft.lm_head.kernel[...] = target.lm_head.kernel[...][:, ids]
+    draft.norm.weight[...] = jnp.array(target.final_norm.weight[...], copy=True)  # own buffer: donated
+
+
+def evaluate(trainer: DraftTrainer, sequences: np.ndarray, args: argparse.Namespace) -> dict:
+    loss, acc, preds = trainer.evaluate(sequences, args.batch_size)
+    return {"heldout_loss": loss, "heldout_acc": acc,
+            "heldout_chain_acc_length": chain_acceptance(preds, sequences, args.prompt_len)}
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -209,6 +260,8 @@ def train(args: argparse.Namespace) -> dict:
     coverage = float(np.sort(counts)[::-1][:vocab_size].sum() / counts.sum()) if vocab_size else 1.0
     cfg = draft_config(dict(target.config.raw), aux_ids, vocab_size, args.intermediate_size)
     draft = random_draft(cfg, seed=args.seed, vocab_map=vocab_map)
+    if not args.random_head:
+        init_head_from_target(draft, target)
     if args.init_from:
         from jaxserve.speculative.eagle3_checkpoint import load_eagle3_draft
         draft = load_eagle3_draft(args.init_from)
@@ -237,19 +290,20 @@ def train(args: argparse.Namespace) -> dict:
                      "acc": [round(float(x), 4) for x in accs], "lr": round(lr, 6),
                      "tokens_per_s": round(tokens / (now - mark), 1), "elapsed_s": round(now - start, 1)}
             if (step + 1) % args.eval_every == 0:
-                entry["heldout_loss"], entry["heldout_acc"] = trainer.evaluate(heldout_seqs, args.batch_size)
+                entry.update(evaluate(trainer, heldout_seqs, args))
             log["steps"].append(entry)
             print(json.dumps(entry), flush=True)
             tokens, mark = 0, time.perf_counter()
         if args.save_every and (step + 1) % args.save_every == 0:
             save_eagle3_draft(trainer.model(), out)
-    log["final_heldout_loss"], log["final_heldout_acc"] = trainer.evaluate(heldout_seqs, args.batch_size)
+    log.update({f"final_{k}": v for k, v in evaluate(trainer, heldout_seqs, args).items()})
     log["steps_done"] = step + 1
     log["wall_s"] = round(time.perf_counter() - start, 1)
     save_eagle3_draft(trainer.model(), out)
     (out / "training.json").write_text(json.dumps(log, indent=1))
-    print(json.dumps({"final_heldout_acc_per_step": log["final_heldout_acc"], "steps": log["steps_done"],
-                      "wall_s": log["wall_s"]}), flush=True)
+    print(json.dumps({"final_heldout_acc_per_step": log["final_heldout_acc"],
+                      "final_heldout_chain_acc_length": log["final_heldout_chain_acc_length"],
+                      "steps": log["steps_done"], "wall_s": log["wall_s"]}), flush=True)
     return log
 
 
@@ -264,6 +318,8 @@ def parser() -> argparse.ArgumentParser:
                    help="target layers whose outputs the draft reads (eagle_aux_hidden_state_layer_ids)")
     p.add_argument("--draft-vocab-size", type=int, default=768, help="0 = the full target vocabulary")
     p.add_argument("--intermediate-size", type=int, default=512)
+    p.add_argument("--random-head", action="store_true",
+                   help="do not start the LM head and final norm from the target's")
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--num-sequences", type=int, default=2048)
     p.add_argument("--eval-sequences", type=int, default=128)

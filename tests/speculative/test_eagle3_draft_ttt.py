@@ -48,6 +48,27 @@ def test_losses_mask_targets_outside_the_draft_vocab_and_agreement_maps_ids():
     teacher[0, 1, target_ids[5]] = 35.0  # restricted to the draft vocab, this position would teach id 5
     perfect = np.full((1, num_positions, draft.config.num_draft_tokens), -30.0, np.float32)
     perfect[..., 3] = 30.0
-    losses, accs = ttt_losses(draft, jnp.asarray(teacher), [jnp.asarray(perfect)])
+    losses, accs, preds = ttt_losses(draft, jnp.asarray(teacher), [jnp.asarray(perfect)])
     assert float(losses[0]) < 1e-3  # the outside-vocab position is masked out of the loss
     assert abs(float(accs[0]) - (num_positions - 1) / num_positions) < 1e-6  # but counts as a miss
+    np.testing.assert_array_equal(np.asarray(preds[0]), np.full((1, num_positions), target_ids[3]))
+
+
+def test_chain_acceptance_replays_greedy_verification():
+    from jaxserve.training.draft import chain_acceptance
+
+    prompt_len, length = 2, 10
+    seq = np.arange(100, 100 + length)
+    seqs = np.stack([seq, seq])  # row 0 greedy (used), row 1 sampled (ignored)
+    preds = np.zeros((2, length - 3, 3), np.int64)
+    # position t, step k predicts x_{t+2+k}: right everywhere except step 1 at t = 3
+    for t in range(length - 3):
+        for k in range(3):
+            preds[0, t, k] = seq[min(t + 2 + k, length - 1)]
+    preds[0, 3, 1] = -1
+    out = chain_acceptance(preds, seqs, prompt_len, num_steps=2)
+    # n=2: t=1 accepts 2 -> n=5; t=4 accepts 2 -> n=8 stops (n + 2 >= 10). 2 verifies, 6 tokens.
+    assert out == {"mean_tokens_per_verify": 3.0, "acc_length": 3.5, "verifies": 2, "num_steps": 2}
+    preds[0, 1, 1] = -1  # now t=1 accepts only 1 -> n=4; t=3 step 1 wrong -> accepts 1 -> n=6; t=5 -> 2
+    out = chain_acceptance(preds, seqs, prompt_len, num_steps=2)
+    assert out["verifies"] == 3 and out["mean_tokens_per_verify"] == round(7 / 3, 4)
