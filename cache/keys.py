@@ -42,7 +42,8 @@ def as_token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     if arr.size == 0:
         arr = np.zeros(0, TOKEN_DTYPE)
     elif arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
-        raise InvalidTokensError(f"token ids must be integers, got dtype {arr.dtype} (e.g. {arr[:3].tolist()})")
+        example = arr[:3].tolist()
+        raise InvalidTokensError(f"token ids must be integers, got dtype {arr.dtype} (e.g. {example})")
     elif arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0:

@@ -14,7 +14,7 @@ import numpy as np
 from cache import CachedReq, RadixCache, SWARadixCache
 from cache.testing import CheckedAllocator, CheckedSWAAllocator
 
-WORDS = "You are a helpful , respectful and honest assistant".split()
+WORDS = ["You", "are", "a", "helpful", ",", "respectful", "and", "honest", "assistant"]
 VOCAB = {w: 100 + i for i, w in enumerate(WORDS)} | {"xxx": 109, ".": 110}
 OUTPUT = [900, 901, 902]
 
@@ -22,7 +22,7 @@ OUTPUT = [900, 901, 902]
 def seed_prompts() -> list[list[int]]:
     """The nine prefix prompts (k words + "xxx") and the final full-sentence prompt, as token ids."""
     ids = [VOCAB[w] for w in WORDS]
-    return [ids[:k] + [VOCAB["xxx"]] for k in range(1, len(ids) + 1)] + [ids + [VOCAB["."]]]
+    return [[*ids[:k], VOCAB["xxx"]] for k in range(1, len(ids) + 1)] + [[*ids, VOCAB["."]]]
 
 
 def run_scenario(tree, allocator) -> list[tuple[int, int]]:
