@@ -132,8 +132,8 @@ _RST_MARK = re.compile(r"^\s*(\.\. |[=\-~^*+#]{4,}\s*$)")
 def _looks_like_prose(paragraph: str) -> bool:
     """Letters dominate, few digits, few code/markup characters, at least a few words."""
     text = paragraph.strip()
-    if len(text) < 20 or len(text.split()) < 4:
-        return False
+    if len(text) < 20 or len(text.split()) < 4 or "::=" in text or text.startswith("#"):
+        return False  # short, a grammar rule of the language reference, or a code comment
     n = len(text)
     letters = sum(c.isalpha() for c in text)
     digits = sum(c.isdigit() for c in text)
