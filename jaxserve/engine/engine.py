@@ -13,11 +13,9 @@ jitted forward + sampling on device, applies the results and returns the request
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,19 +24,18 @@ from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import (
     EngineBusyError,
     InvalidRequestError,
-    PromptTooLongError,
-    RequestTooLargeError,
     UnknownRequestError,
 )
 from jaxserve.engine.inputs import (
     InputIds,
     ParamsArg,
     Prompt,
-    check_token_ids,
     normalise_params,
     normalise_prompts,
+    prepare_request,
 )
 from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.loading import eos_token_ids, load_model_and_tokenizer
 from jaxserve.engine.request import Request, Status, make_request
 from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import Scheduler
@@ -60,12 +57,12 @@ class Engine:
                  buckets: Buckets | None = None, **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs({"model_path": model_path, **server_args})
         if model is None:
-            model, tokenizer = self._load(self.args)
+            model, tokenizer = load_model_and_tokenizer(self.args)
         self.model, self.tokenizer = model, tokenizer
         config = model.config
         self.vocab_size = int(config.vocab_size)
         self.context_length = int(self.args.context_length or config.max_position_embeddings or 4096)
-        self.eos_token_ids = _eos_ids(config.raw, tokenizer)
+        self.eos_token_ids = eos_token_ids(config.raw, tokenizer)
         args = self.args
         swa_pages = max(1, int(args.num_pages * args.swa_full_tokens_ratio))
         self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
@@ -74,7 +71,8 @@ class Engine:
         max_pages = min(-(-self.context_length // args.page_size), args.num_pages)
         self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
                                                      max_seqs=args.max_running_requests, max_pages=max_pages)
-        _check_buckets(self.buckets, args, max_pages)
+        self.buckets.check_covers(max_tokens=args.chunked_prefill_size, max_seqs=args.max_running_requests,
+                                  max_pages=max_pages)
         self.runner = ModelRunner(model, self.kv, self.buckets, args.max_running_requests)
         self.scheduler = Scheduler(self.kv, max_tokens=args.chunked_prefill_size,
                                    max_running=args.max_running_requests,
@@ -86,17 +84,6 @@ class Engine:
         self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
         if args.warmup:
             self.runner.warmup()
-
-    @staticmethod
-    def _load(args: ServerArgs):
-        from jaxserve.loader.load import load_model
-        from jaxserve.loader.tokenizer import HFTokenizer
-
-        if args.model_path is None:
-            raise InvalidRequestError("Engine needs model_path= (a checkpoint directory) or model=")
-        model = load_model(args.model_path, dtype=None if args.dtype == "auto" else args.dtype)
-        has_tok = (Path(args.model_path) / "tokenizer.json").exists() and not args.skip_tokenizer_init
-        return model, HFTokenizer(args.model_path) if has_tok else None
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt: str | None = None, *, input_ids=None,
@@ -111,26 +98,8 @@ class Engine:
 
     def _prepare(self, item: str | list[int], params: SamplingParams, index: int) -> tuple[np.ndarray,
                                                                                            SamplingParams]:
-        """Tokenize and check one request against the vocabulary, the context and the pool; returns its
-        ids and params with max_new_tokens clamped to the context. Raises before anything is queued."""
-        if isinstance(item, str):
-            if self.tokenizer is None:
-                raise InvalidRequestError("this engine has no tokenizer: pass input_ids instead of text")
-            item = self.tokenizer.encode(item)
-        ids = check_token_ids(item, self.vocab_size, index)
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; use stop_token_ids")
-        room = self.context_length - ids.shape[0]
-        if room < 1:
-            raise PromptTooLongError(f"request {index}: prompt has {ids.shape[0]} tokens; the context length "
-                                     f"is {self.context_length}, leaving no room for a new token")
-        params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
-        kv_tokens = ids.shape[0] + max(params.max_new_tokens - 1, 0)
-        if not self.kv.fits_alone(kv_tokens):
-            raise RequestTooLargeError(
-                f"request {index}: {kv_tokens} tokens of KV (prompt + max_new_tokens - 1) exceed the pool of "
-                f"{self.kv.num_slots} slots; raise max_total_tokens or lower max_new_tokens")
-        return ids, params
+        return prepare_request(item, params, index, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
+                               context_length=self.context_length, kv=self.kv)
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:
         rid = rid if rid is not None else f"req-{next(self._ids)}"
@@ -268,18 +237,3 @@ class Engine:
     def num_prompt_tokens_computed(self) -> int:
         return self.scheduler.num_prompt_tokens_computed
 
-
-def _eos_ids(raw_config: dict, tokenizer) -> list[int]:
-    ids = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
-    eos = raw_config.get("eos_token_id")
-    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return sorted(int(i) for i in ids)
-
-
-def _check_buckets(buckets: Buckets, args: ServerArgs, max_pages: int) -> None:
-    """The largest bucket of each kind must cover the largest step the scheduler can build."""
-    limits = {"tokens": args.chunked_prefill_size, "seqs": args.max_running_requests, "pages": max_pages}
-    for name, limit in limits.items():
-        if max(getattr(buckets, name)) < limit:
-            raise ValueError(f"buckets.{name} tops out at {max(getattr(buckets, name))} but steps may need "
-                             f"{limit}")

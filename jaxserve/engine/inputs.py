@@ -3,12 +3,14 @@ sampling_params dict or a list) into per-request token ids and `SamplingParams`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from jaxserve.engine.errors import InvalidRequestError
+from jaxserve.engine.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
+from jaxserve.engine.kv_cache import KVCache
 from jaxserve.sampling import SamplingParams
 
 Prompt = str | Sequence[str] | None
@@ -69,3 +71,28 @@ def normalise_params(sampling_params: ParamsArg, num_requests: int, vocab_size: 
         params = item if isinstance(item, SamplingParams) else SamplingParams.from_dict(item)
         out.append(params.validate(vocab_size))
     return out
+
+
+def prepare_request(item: str | Sequence[int], params: SamplingParams, index: int, *, tokenizer,
+                    vocab_size: int, context_length: int, kv: KVCache) -> tuple[np.ndarray, SamplingParams]:
+    """Tokenize and check one request against the vocabulary, the context and the pool. Returns its int32
+    ids and params with max_new_tokens clamped to the context (SGLang's rule). Raises InvalidRequestError,
+    PromptTooLongError or RequestTooLargeError; nothing is changed."""
+    if isinstance(item, str):
+        if tokenizer is None:
+            raise InvalidRequestError("this engine has no tokenizer: pass input_ids instead of text")
+        item = tokenizer.encode(item)
+    ids = check_token_ids(item, vocab_size, index)
+    if params.stop and tokenizer is None:
+        raise InvalidRequestError("stop strings need a tokenizer; use stop_token_ids")
+    room = context_length - ids.shape[0]
+    if room < 1:
+        raise PromptTooLongError(f"request {index}: prompt has {ids.shape[0]} tokens; the context length is "
+                                 f"{context_length}, leaving no room for a new token")
+    params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
+    kv_tokens = ids.shape[0] + max(params.max_new_tokens - 1, 0)
+    if not kv.fits_alone(kv_tokens):
+        raise RequestTooLargeError(
+            f"request {index}: {kv_tokens} tokens of KV (prompt + max_new_tokens - 1) exceed the pool of "
+            f"{kv.num_slots} slots; raise max_total_tokens or lower max_new_tokens")
+    return ids, params

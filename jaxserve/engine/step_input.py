@@ -44,6 +44,13 @@ class Buckets:
         return cls(_powers_of_two(min(16, max_tokens), max_tokens), _powers_of_two(1, max_seqs),
                    _powers_of_two(min(4, max_pages), max_pages))
 
+    def check_covers(self, *, max_tokens: int, max_seqs: int, max_pages: int) -> None:
+        """Raise ValueError unless the largest bucket of each kind covers the largest step possible."""
+        for name, limit in (("tokens", max_tokens), ("seqs", max_seqs), ("pages", max_pages)):
+            if max(getattr(self, name)) < limit:
+                raise ValueError(f"buckets.{name} tops out at {max(getattr(self, name))} but steps may need "
+                                 f"{limit}")
+
     @property
     def num_shapes(self) -> int:
         """Upper bound on the step's compilations: every (tokens, seqs, pages) triple with seqs <= tokens."""

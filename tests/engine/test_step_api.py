@@ -42,9 +42,9 @@ class UserLM(nnx.Module):
         return self.embed.attend(x), kv_pools, None
 
 
-def greedy_reference(model, prompt, num):
+def greedy_reference(runner, prompt, num):
     """Full recompute per token (one single-sequence step of the whole sequence), argmax."""
-    runner, seq = Runner(model), list(prompt)
+    seq = list(prompt)
     for _ in range(num):
         logits, _ = full_logits(runner, seq)
         seq.append(int(np.argmax(logits[-1])))
@@ -70,7 +70,8 @@ def test_plain_loop_over_the_parts_with_a_user_model():
         finished += sched.process(batch, np.asarray(out.token_ids), np.asarray(out.logprobs))
         kv.check([r.cached for r in sched.running])
     assert sorted(r.rid for r in finished) == sorted(r.rid for r in reqs)
+    reference = Runner(model)
     for req, prompt in zip(reqs, batch_prompts, strict=True):
-        assert req.output_ids == greedy_reference(model, prompt.tolist(), 8)
+        assert req.output_ids == greedy_reference(reference, prompt.tolist(), 8)
     kv.flush()
     assert kv.allocator.available_size() == kv.num_slots
