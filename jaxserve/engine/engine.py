@@ -201,19 +201,24 @@ class Engine:
         per request whenever it has something new; text held back while it may still become a stop string."""
         sent = dict.fromkeys(rids, 0)
         pending = set(rids)
-        while pending:
-            self.step()
-            for i, rid in enumerate(rids):
-                req = self._requests[rid]
-                if rid not in pending or (len(req.output_ids) == sent[rid] and not req.finished):
-                    continue
-                chunk = {"text": req.stop.stream_delta(), "output_ids": list(req.output_ids[sent[rid]:]),
-                         "finished": req.finished, "meta_info": req.meta_info()}
-                sent[rid] = len(req.output_ids)
-                if req.finished:
-                    pending.discard(rid)
-                    self.forget(rid)
-                yield {**chunk, "index": i} if is_batch else chunk
+        try:
+            while pending:
+                self.step()
+                for i, rid in enumerate(rids):
+                    req = self._requests[rid]
+                    if rid not in pending or (len(req.output_ids) == sent[rid] and not req.finished):
+                        continue
+                    chunk = {"text": req.stop.stream_delta(), "output_ids": list(req.output_ids[sent[rid]:]),
+                             "finished": req.finished, "meta_info": req.meta_info()}
+                    sent[rid] = len(req.output_ids)
+                    if req.finished:
+                        pending.discard(rid)
+                        self.forget(rid)
+                    yield {**chunk, "index": i} if is_batch else chunk
+        finally:  # the caller stopped iterating early (or an error): abort what is left, free its KV
+            for rid in pending:
+                self.abort(rid)
+                self.forget(rid)
         if self.scheduler.idle:
             self.run_until_idle()
 

@@ -114,5 +114,18 @@ class KVCache:
         return int(self.tree.total_size())
 
     def flush(self) -> None:
-        """Drop the whole tree, freeing its slots (the caller guarantees no live request holds a lock)."""
+        """Drop the whole tree, freeing its slots, then restart the allocator from a fresh state (so slot
+        ids after a flush are what a new engine would hand out). The caller guarantees no live request holds
+        slots; raises RuntimeError if any slot is still owned after the tree's are freed (a leak)."""
         self.tree.reset()
+        if self.hybrid:
+            free = (self.allocator.full_available_size(), self.allocator.swa_available_size())
+            if free != (self.num_slots, self.swa_num_pages * self.page_size):
+                raise RuntimeError(f"flush: {free} slots free of {self.num_slots} full / "
+                                   f"{self.swa_num_pages * self.page_size} SWA: a live request or a leak")
+            self.allocator.state = make_swa_allocator(self.num_pages, self.swa_num_pages, self.page_size)
+        else:
+            free = self.allocator.available_size()
+            if free != self.num_slots:
+                raise RuntimeError(f"flush: {free} of {self.num_slots} slots free: a live request or a leak")
+            self.allocator.state = make_allocator(self.num_pages, self.page_size)

@@ -120,3 +120,14 @@ def test_streaming_chunks_add_up_to_the_batch_result(engine):
     assert texts == [e["text"] for e in expected]
     assert ids == [e["output_ids"] for e in expected]
     assert [f["completion_tokens"] for f in finished] == [16, 16]
+
+
+def test_closing_a_stream_early_aborts_its_requests(engine):
+    stream = engine.generate(["one", "two"], sampling_params={"max_new_tokens": 40, "ignore_eos": True},
+                             stream=True)
+    first = next(stream)
+    assert first["output_ids"] and not first["finished"]
+    stream.close()
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    engine.flush_cache()
+    assert engine.kv.allocator.available_size() == engine.kv.num_slots
