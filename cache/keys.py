@@ -149,3 +149,20 @@ def check_page_aligned(num_units: int, page_size: int, what: str) -> None:
     """Raise PageAlignmentError unless `num_units` is a multiple of `page_size`."""
     if num_units % page_size:
         raise PageAlignmentError(f"{what} has {num_units} units, not a multiple of page_size={page_size}")
+
+
+def tree_key(
+    token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None, *, eagle: bool
+) -> RadixKey:
+    """A tree's view of `token_ids` (both trees' `make_key`): validated, bigram when `eagle` (idempotent), in
+    `extra_key`'s namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises
+    ExtraKeyMismatchError, and a bigram key for a tree with `eagle=False` raises ValueError."""
+    if isinstance(token_ids, RadixKey):
+        if extra_key is not None and token_ids.extra_key != extra_key:
+            raise ExtraKeyMismatchError(
+                f"key has extra_key {token_ids.extra_key!r}, call passed {extra_key!r}"
+            )
+        if token_ids.bigram and not eagle:
+            raise ValueError("a bigram key was passed to a tree built with eagle=False")
+        return token_ids.as_bigram() if eagle else token_ids
+    return RadixKey.of(token_ids, bigram=eagle, extra_key=extra_key)

@@ -25,9 +25,17 @@ from collections.abc import Hashable, Iterator, Sequence
 import numpy as np
 
 from cache.allocator import SlotAllocator
-from cache.errors import EvictLockedError, ExtraKeyMismatchError, LockError, ValueLengthError
+from cache.errors import EvictLockedError, LockError, ValueLengthError
 from cache.eviction import LeafHeap
-from cache.keys import MAX_TOKEN_ID, SLOT_DTYPE, TOKEN_DTYPE, RadixKey, as_token_array, check_page_aligned
+from cache.keys import (
+    MAX_TOKEN_ID,
+    SLOT_DTYPE,
+    TOKEN_DTYPE,
+    RadixKey,
+    as_token_array,
+    check_page_aligned,
+    tree_key,
+)
 from cache.match import MatchResult, common_units
 from cache.node import _TOKEN_BYTES, TreeNode
 from cache.pretty import format_tree
@@ -116,15 +124,7 @@ class RadixCache(RadixRequestOps):
     ) -> RadixKey:
         """The tree's view of `token_ids`: validated, bigram when `eagle` (idempotent), in `extra_key`'s
         namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
-        if isinstance(token_ids, RadixKey):
-            if extra_key is not None and token_ids.extra_key != extra_key:
-                raise ExtraKeyMismatchError(
-                    f"key has extra_key {token_ids.extra_key!r}, call passed {extra_key!r}"
-                )
-            if token_ids.bigram and not self.eagle:
-                raise ValueError("a bigram key was passed to a tree built with eagle=False")
-            return token_ids.as_bigram() if self.eagle else token_ids
-        return RadixKey.of(token_ids, bigram=self.eagle, extra_key=extra_key)
+        return tree_key(token_ids, extra_key, eagle=self.eagle)
 
     def _prepare(
         self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None

@@ -40,8 +40,8 @@ from collections.abc import Hashable, Iterator, Sequence
 import numpy as np
 
 from cache.allocator import SWASlotAllocator
-from cache.errors import EvictLockedError, ExtraKeyMismatchError, ValueLengthError
-from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned
+from cache.errors import EvictLockedError, ValueLengthError
+from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned, tree_key
 from cache.lru_list import LRUList
 from cache.match import MatchResult, common_units
 from cache.node import _TOKEN_BYTES, child_key_of
@@ -155,15 +155,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
     ) -> RadixKey:
         """The tree's view of `token_ids`: validated, bigram when `eagle` (idempotent), in `extra_key`'s
         namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
-        if isinstance(token_ids, RadixKey):
-            if extra_key is not None and token_ids.extra_key != extra_key:
-                raise ExtraKeyMismatchError(
-                    f"key has extra_key {token_ids.extra_key!r}, call passed {extra_key!r}"
-                )
-            if token_ids.bigram and not self.eagle:
-                raise ValueError("a bigram key was passed to a tree built with eagle=False")
-            return token_ids.as_bigram() if self.eagle else token_ids
-        return RadixKey.of(token_ids, bigram=self.eagle, extra_key=extra_key)
+        return tree_key(token_ids, extra_key, eagle=self.eagle)
 
     def _child_key(self, token_bytes: bytes, pos: int, extra_key: Hashable | None) -> Hashable:
         return child_key_of(token_bytes[pos * _TOKEN_BYTES :], self.page_size, self.eagle, extra_key)
