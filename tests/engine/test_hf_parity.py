@@ -28,3 +28,16 @@ def test_gpt_oss_greedy_equals_transformers_past_the_window(gpt_oss, page_size):
     outs = engine.generate(input_ids=batch, sampling_params={**GREEDY, "max_new_tokens": 12})
     for p, out in zip(batch, outs, strict=True):
         assert out["output_ids"] == hf_greedy(hf, p, 12)
+
+
+def test_engine_from_a_checkpoint_directory_decodes_text(llama):
+    hf, _, path = llama
+    from jaxserve import Engine
+    from jaxserve.loader.tokenizer import HFTokenizer
+
+    engine = Engine(str(path), max_total_tokens=512, chunked_prefill_size=64, max_running_requests=4)
+    tokenizer = HFTokenizer(path)
+    out = engine.generate("Hello, world", {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
+    assert out["output_ids"] == hf_greedy(hf, tokenizer.encode("Hello, world"), 8)
+    assert out["text"] == tokenizer.decode(out["output_ids"])
+    assert out["meta_info"]["prompt_tokens"] == len("Hello, world")  # byte tokenizer: one id per byte

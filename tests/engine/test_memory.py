@@ -83,3 +83,20 @@ def test_flush_cache_refuses_while_busy_and_frees_everything_when_idle(llama):
         engine.flush_cache()
     engine.abort(rid)
     assert_no_leak(engine)
+
+
+def test_full_tree_is_evicted_lru_first_without_retraction(llama):
+    _, model, _ = llama
+    batch = prompts(14, [50, 50, 50, 50])
+    roomy = make_engine(model, max_total_tokens=2048, disable_overlap_schedule=True)
+    expected = [roomy.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in batch]
+    tiny = make_engine(model, max_total_tokens=128)
+    for i, p in enumerate(batch):  # one at a time: each finished request leaves 61 slots in the tree
+        assert tiny.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] == expected[i]
+        assert tiny.kv.tree_slots() <= 128
+    assert tiny.scheduler.num_retractions == 0
+    # the oldest prompts were evicted, the newest is still cached
+    assert tiny.generate(input_ids=batch[0], sampling_params=GREEDY)["meta_info"]["cached_tokens"] == 0
+    again = tiny.generate(input_ids=batch[0], sampling_params=GREEDY)
+    assert again["meta_info"]["cached_tokens"] == 49  # all but the last prompt token (always recomputed)
+    assert_no_leak(tiny)
