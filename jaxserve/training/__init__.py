@@ -8,7 +8,7 @@ or stage by stage (defaults read and write build/embedded/<stage>):
 
     python -m jaxserve.training.corpus       # stdlib docstrings + language reference -> train/heldout.txt
     python -m jaxserve.training.tokenizer    # byte-level BPE, vocab 1024 -> tokenizer.json
-    python -m jaxserve.training.target       # GptOssForCausalLM, ~1.8M params; 600 steps, cap 15 min
+    python -m jaxserve.training.target       # GptOssForCausalLM, ~1.8M params; 1200 steps, cap 15 min
     python -m jaxserve.training.draft        # EAGLE-3 head on target-generated text; 600 steps, cap 8 min
     python -m jaxserve.training.export       # -> jaxserve/assets/embedded (+ draft/), < 20 MB
 

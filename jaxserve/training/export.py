@@ -52,6 +52,19 @@ def save_hf_checkpoint(model, directory: str | Path, config: Mapping) -> Path:
     return directory
 
 
+_README = """# jaxserve embedded default model
+
+A tiny gpt-oss-architecture target (`GptOssForCausalLM`: 4 layers alternating sliding-window 32 / full
+attention, sinks, 4-expert top-2 MoE, YaRN rotary, byte-level BPE vocab 1024) trained on the Python
+standard library's docstrings, and its EAGLE-3 head in `draft/` (SpecForge layout; captures the outputs of
+target layers 0, 1, 2). Served when no `--model-path` is given. Not a useful language model: a fixture
+that runs on a laptop CPU and exercises every code path of the real gpt-oss + EAGLE-3 pair.
+
+Losses and throughput of the run that produced these files: `training.json`, `draft/training.json`.
+Retrain (offline, about 25 minutes on 2 CPU cores): `python -m jaxserve.training.build_embedded`.
+"""
+
+
 def directory_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file())
 
@@ -73,6 +86,7 @@ def assemble(target: Path, tokenizer: Path, draft: Path | None, out: Path) -> in
         for src, dst in ((target, out), (draft, out / "draft")):
             if src is not None and (src / extra).exists():
                 shutil.copy(src / extra, dst / extra)
+    (out / "README.md").write_text(_README)
     size = directory_bytes(out)
     if size > SIZE_BUDGET_BYTES:
         raise ValueError(f"{out} holds {size / 2**20:.1f} MiB, over the {SIZE_BUDGET_BYTES / 2**20:.0f} MiB "

@@ -12,7 +12,7 @@ HF's `router_aux_loss_coef` idea), AdamW (betas 0.9/0.95, weight decay on matric
 cosine decay over the step budget or the time cap, whichever ends first; gradient clipping at 1.0.
 
     python -m jaxserve.training.target --corpus build/embedded/corpus --tokenizer build/embedded/tokenizer \
-        --out build/embedded/target --steps 600 --minutes 15
+        --out build/embedded/target --steps 1200 --minutes 15
 
 writes a Hugging Face checkpoint (config.json + model.safetensors, HF tensor names; transformers loads it)
 and `training.json` (losses, tokens/s). `--init-from DIR` continues from a saved checkpoint (fresh optimiser
@@ -210,8 +210,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--intermediate-size", type=int, default=224)
     p.add_argument("--sliding-window", type=int, default=32)
     p.add_argument("--context", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=600, help="600 x 16 x 256 = 2.5M tokens")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=1200, help="1200 x 8 x 256 = 2.5M tokens")
     p.add_argument("--minutes", type=float, default=15.0, help="time cap (0 = steps only)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
