@@ -26,6 +26,7 @@ Draft ids map to target ids through `d2t` (`jaxserve.speculative.vocab_map`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -339,3 +340,17 @@ def random_draft(config: Eagle3Config, *, seed: int = 0, backend: str = "native"
         model.t2d[...] = jnp.asarray(vocab_map[1], jnp.bool_)
     return model
 
+
+
+def make_draft_forward(draft: Eagle3Draft):
+    """Return `(forward, params)`: `forward(params, input_ids, hidden, meta, pool, embedding,
+    return_all_logits=False)` is `Eagle3Draft.__call__` under `jax.jit` with `pool` donated (use the
+    returned pool). One compilation per (token, sequence, page) bucket, hidden width and flag."""
+    graphdef, params = nnx.split(draft)
+
+    @functools.partial(jax.jit, donate_argnames=("pool",), static_argnames=("return_all_logits",))
+    def forward(params, input_ids, hidden, meta, pool, embedding, return_all_logits=False):
+        return nnx.merge(graphdef, params)(input_ids, hidden, meta, pool, embedding,
+                                           return_all_logits=return_all_logits)
+
+    return forward, params

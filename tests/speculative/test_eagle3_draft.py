@@ -112,3 +112,24 @@ def test_config_round_trip_and_aux_layer_convention():
         Eagle3Config.from_dict(cfg.to_dict(), target_num_layers=2)
     with pytest.raises(ConfigError, match="num_hidden_layers"):
         Eagle3Config.from_dict({**cfg.to_dict(), "num_hidden_layers": 2})
+
+
+def test_jitted_forward_with_donated_pool_equals_eager(draft):
+    from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata
+    from jaxserve.speculative.eagle3_draft import make_draft_forward, make_draft_pool
+
+    model, embedding, _ = draft
+    ids, aux = _inputs(10, seed=4)
+    meta = build_attention_metadata([SequenceStep(10, 10, [3, 1, 2])], page_size=4, page_buckets=(4,))
+    ids_p = np.pad(ids, (0, meta.num_tokens - 10))
+    aux_p = np.pad(aux, ((0, meta.num_tokens - 10), (0, 0)))
+    eager = model(ids_p, aux_p, meta, make_draft_pool(model.config, 4, 4, np.float32), embedding)
+    forward, params = make_draft_forward(model)
+    pool = make_draft_pool(model.config, 4, 4, np.float32)
+    logits, hidden, new_pool = forward(params, ids_p, aux_p, meta, pool, embedding)
+    np.testing.assert_allclose(np.asarray(hidden), np.asarray(eager[1]), rtol=1e-5, atol=1e-5)
+    assert pool.data.is_deleted()  # donated
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(eager[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(new_pool.data), np.asarray(eager[2].data), rtol=1e-5, atol=1e-5)
+    forward(params, ids_p, aux_p, meta, new_pool, embedding)
+    assert forward._cache_size() == 1
