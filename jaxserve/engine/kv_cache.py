@@ -86,6 +86,11 @@ class KVCache:
         if start != req.kv_slots.shape[0] or stop <= start:
             raise ValueError(f"extend [{start}, {stop}) does not continue {req.kv_slots.shape[0]} slots")
         new_pages = self.pages_for(stop) - self.pages_for(start)
+        if new_pages == 0:  # inside the request's own partial last page: no allocator call needed
+            last_loc = int(req.kv_slots[start - 1])
+            slots = np.arange(last_loc + 1, last_loc + 1 + stop - start, dtype=req.kv_slots.dtype)
+            req.kv_slots = np.concatenate([req.kv_slots, slots])
+            return True
         self._make_room(new_pages * self.page_size)
         last_loc = int(req.kv_slots[start - 1]) if start else 0
         slots = self.allocator.alloc_extend(np.array([start]), np.array([stop]), np.array([last_loc]))
