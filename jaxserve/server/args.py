@@ -1,0 +1,157 @@
+"""Command-line flags of `python -m jaxserve.launch_server`, with SGLang's names, and `--config` YAML files.
+
+`parse_launch_args(argv)` returns a `LaunchArgs`: the HTTP settings and the keyword arguments for
+`jaxserve.engine.Engine` (fields of `ServerArgs`). Precedence: explicit flags > `--config` file > the
+engine's defaults. A flag left unset is not passed on, so `ServerArgs` keeps its own default.
+
+Flags that the engine cannot honour yet (speculative decoding, tensor parallelism, `--mem-fraction-static`,
+attention backends other than `native`) fail with `UnsupportedFlagError` naming the flag, unless the
+engine's `ServerArgs` has grown the matching field, in which case the value is passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxserve.engine.config import ServerArgs
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+ATTENTION_BACKENDS = ("native",)  # what the model layers implement today (jaxserve/layers/backends)
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
+
+
+class UnsupportedFlagError(ValueError):
+    """A flag jaxserve parses (SGLang has it) but cannot honour yet; the message names the flag."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchArgs:
+    """What `launch_server` needs. `model_path` None means the embedded default; `engine_kwargs` are
+    `ServerArgs` fields given explicitly (by a flag or the config file)."""
+
+    model_path: str | None
+    tokenizer_path: str | None
+    host: str
+    port: int
+    api_key: str | None
+    served_model_name: str | None
+    engine_kwargs: dict[str, Any]
+
+
+# (flag, type, help). Engine flags map to the ServerArgs field of the same name (dashes -> underscores).
+_ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
+    ("--dtype", str, "auto | float32 | bfloat16 | float16 (aliases: half, float, bf16)"),
+    ("--page-size", int, "KV slots per page"),
+    ("--max-total-tokens", int, "KV pool size in token slots"),
+    ("--chunked-prefill-size", int, "most tokens computed in one step (prefill chunks + decodes)"),
+    ("--max-running-requests", int, "most requests decoding at once"),
+    ("--context-length", int, "longest prompt + output (default: the model's)"),
+    ("--swa-full-tokens-ratio", float, "SWA pool size relative to the full pool (hybrid SWA models)"),
+    ("--random-seed", int, "base seed of requests without their own"),
+    ("--attention-backend", str, f"attention kernels; implemented: {', '.join(ATTENTION_BACKENDS)}"),
+    ("--mem-fraction-static", float, "not supported yet: size the KV pool with --max-total-tokens"),
+    ("--tp-size", int, "tensor-parallel degree (only 1 is supported yet)"),
+    ("--speculative-algorithm", str, "EAGLE3 (needs engine support for speculative decoding)"),
+    ("--speculative-draft-model-path", str, "EAGLE-3 draft checkpoint directory"),
+    ("--speculative-num-steps", int, "draft steps per round"),
+    ("--speculative-eagle-topk", int, "draft branching factor"),
+    ("--speculative-num-draft-tokens", int, "tokens verified per round"),
+)
+_ENGINE_SWITCHES = (
+    ("--disable-radix-cache", "no prefix reuse across requests"),
+    ("--disable-overlap-schedule", "apply each step's results before dispatching the next"),
+)
+# Accepted only with these values until the engine has a ServerArgs field for them.
+_NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {"tp_size": (1,), "attention_backend": ATTENTION_BACKENDS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser (`allow_abbrev=False`: a misspelt flag is an error, never a prefix match)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxserve.launch_server", allow_abbrev=False,
+        description="Serve a model over HTTP (SGLang's /generate and OpenAI's /v1 endpoints).")
+    parser.add_argument("--config", help="YAML file of flags (keys as flag names); explicit flags win")
+    parser.add_argument("--model-path", help="HF checkpoint directory (default: the embedded model)")
+    parser.add_argument("--tokenizer-path", help="directory with tokenizer.json (default: --model-path)")
+    parser.add_argument("--host", default=None, help=f"bind address (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=None, help=f"port (default {DEFAULT_PORT}; 0: any)")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every route but /health")
+    parser.add_argument("--served-model-name", help="model name in /v1 responses (default: the path)")
+    group = parser.add_argument_group("engine (jaxserve.engine.ServerArgs)")
+    for flag, kind, text in _ENGINE_FLAGS:
+        group.add_argument(flag, type=kind, default=None, help=text)
+    for flag, text in _ENGINE_SWITCHES:
+        group.add_argument(flag, action="store_true", default=None, help=text)
+    return parser
+
+
+def load_config_file(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Read a YAML mapping of flag names (`page-size` or `page_size`) to values; unknown keys, or a file
+    that is not a mapping, raise ValueError naming them."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of flag names to values")
+    known = {action.dest for action in parser._actions} - {"help", "config"}
+    values = {str(key).replace("-", "_"): value for key, value in data.items()}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown key(s) {unknown}; keys are launch_server flag names")
+    return values
+
+
+def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
+    """Parse flags (and `--config`); exits with argparse's usage error on an unknown flag or a bad value,
+    raises UnsupportedFlagError for a flag the engine cannot honour yet."""
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    if first.config:
+        try:
+            parser.set_defaults(**load_config_file(first.config, parser))
+        except (OSError, ValueError) as exc:
+            parser.error(str(exc))
+    ns = parser.parse_args(argv)
+    try:
+        engine_kwargs = engine_kwargs_from(vars(ns))
+    except ValueError as exc:
+        if isinstance(exc, UnsupportedFlagError):
+            raise
+        parser.error(str(exc))
+    return LaunchArgs(model_path=ns.model_path, tokenizer_path=ns.tokenizer_path,
+                      host=ns.host or DEFAULT_HOST, port=DEFAULT_PORT if ns.port is None else ns.port,
+                      api_key=ns.api_key, served_model_name=ns.served_model_name, engine_kwargs=engine_kwargs)
+
+
+def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:
+    """The `ServerArgs` keyword arguments among parsed flag values (unset ones dropped). A value for a field
+    `ServerArgs` lacks raises UnsupportedFlagError, unless it is the neutral value (e.g. --tp-size 1)."""
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    names = [flag[2:].replace("-", "_") for flag, *_ in (*_ENGINE_FLAGS, *_ENGINE_SWITCHES)]
+    kwargs: dict[str, Any] = {}
+    for name in names:
+        value = values.get(name)
+        if value is None:
+            continue
+        if name == "dtype":
+            value = _DTYPE_ALIASES.get(value, value)
+        if name == "attention_backend" and value not in ATTENTION_BACKENDS:
+            raise UnsupportedFlagError(f"--attention-backend {value}: not supported yet; implemented: "
+                                       f"{', '.join(ATTENTION_BACKENDS)}")
+        if name in fields:
+            kwargs[name] = value
+        elif value not in _NEUTRAL_VALUES.get(name, ()):
+            flag = "--" + name.replace("_", "-")
+            raise UnsupportedFlagError(f"{flag} {value}: not supported yet by the jaxserve engine "
+                                       f"(jaxserve.engine.ServerArgs has no '{name}'); drop the flag")
+    if kwargs.get("speculative_algorithm") not in (None, "EAGLE3") and "speculative_algorithm" in fields:
+        raise UnsupportedFlagError(f"--speculative-algorithm {kwargs['speculative_algorithm']}: only "
+                                   f"EAGLE3 is implemented")
+    return kwargs

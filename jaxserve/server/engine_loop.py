@@ -1,0 +1,192 @@
+"""`EngineLoop`: one thread owns the (not thread-safe) `Engine`; asyncio handlers talk to it via a queue.
+
+Commands (submit, abort, any `fn(engine)`) go into a `queue.Queue`; the thread runs them between steps and
+answers through asyncio futures. After every `engine.step()` it publishes, for each live request with new
+tokens, one `Event` to that request's `asyncio.Queue` (via `loop.call_soon_threadsafe`). A finished or
+aborted request gets a final event and is forgotten by the engine (no record is kept).
+
+Ownership: a request's KV belongs to the engine until it finishes; `abort(rid)` (e.g. on client disconnect)
+frees it at the next command drain. `stop()` aborts everything still live and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jaxserve.engine import Engine
+from jaxserve.server.metrics import ServerMetrics
+
+
+@dataclasses.dataclass
+class Event:
+    """New output of one request: `delta_text` (stable text not sent before), `delta_ids` (new token ids);
+    when `finished`, also the whole `text`, `output_ids` and the final `meta_info`."""
+
+    delta_text: str
+    delta_ids: list[int]
+    finished: bool
+    meta_info: dict[str, Any]
+    text: str = ""
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Live:
+    events: asyncio.Queue
+    num_sent: int = 0
+
+
+class EngineLoop:
+    """Runs `engine` on a daemon thread. Coroutines must be awaited on the event loop given to `start`."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self._commands: queue.Queue = queue.Queue()
+        self._live: dict[str, _Live] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jaxserve-engine", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.error: BaseException | None = None  # set if the loop died (the server then reports unhealthy)
+
+    # ------------------------------------------------------------------ asyncio side
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Abort live requests and join the thread (it finishes its current step first)."""
+        self._stopping.set()
+        self._commands.put(None)
+        self._thread.join(timeout_s)
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run `fn(engine)` on the engine thread between steps; return its result or raise its exception."""
+        if not self.healthy:
+            raise RuntimeError(f"the engine loop is not running ({self.error!r})")
+        future = self._loop.create_future()
+        self._commands.put((fn, future))
+        return await future
+
+    async def submit(self, prompts: Sequence[str] | None, input_ids: Sequence[Sequence[int]] | None,
+                     params: Sequence[dict | None]) -> list[tuple[str, asyncio.Queue]]:
+        """Queue a batch (all validated first: if one is invalid, none stays queued and its engine error is
+        raised). Returns (rid, event queue) per request, in order."""
+        items = list(prompts) if prompts is not None else list(input_ids)
+        return await self.call(lambda engine: self._submit_all(engine, prompts is not None, items, params))
+
+    def abort(self, rid: str) -> None:
+        """Abort a live request (no-op once finished). Safe from any thread; does not wait."""
+        self._commands.put((lambda engine: self._abort(engine, rid), None))
+
+    # ------------------------------------------------------------------ engine thread
+    def _submit_all(self, engine: Engine, is_text: bool, items: list, params: Sequence[dict | None]):
+        rids: list[str] = []
+        try:
+            for item, p in zip(items, params, strict=True):
+                kwargs = {"prompt": item} if is_text else {"input_ids": item}
+                rids.append(engine.submit(**kwargs, sampling_params=p))
+        except BaseException:
+            for rid in rids:
+                engine.abort(rid)
+                engine.forget(rid)
+            raise
+        out = []
+        for rid in rids:
+            live = self._live[rid] = _Live(asyncio.Queue())
+            out.append((rid, live.events))
+            self.metrics.on_submit(engine.request(rid))
+        self._publish(engine, rids)  # max_new_tokens == 0 finishes on submit
+        return out
+
+    def _abort(self, engine: Engine, rid: str) -> None:
+        if rid not in self._live:
+            return
+        engine.abort(rid)
+        self.metrics.on_abort()
+        self._publish(engine, [rid])
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stopping.is_set():
+                self._drain(block=engine.idle)
+                if not engine.idle:
+                    engine.step()
+                    self._publish(engine, list(self._live))
+                self.metrics.on_step(engine)
+        except BaseException as exc:  # a bug: report it on every pending request, keep the process up
+            self.error = exc
+            self._fail_all(exc)
+            raise
+        finally:
+            for rid in list(self._live):
+                if rid in engine._requests:
+                    self._abort(engine, rid)
+
+    def _drain(self, block: bool) -> None:
+        while True:
+            try:
+                command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command is None:
+                return
+            block = False
+            fn, future = command
+            try:
+                result = fn(self.engine)
+            except Exception as exc:  # reported to the caller (e.g. an invalid request -> HTTP 400)
+                if future is not None:
+                    self._loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                if future is not None:
+                    self._loop.call_soon_threadsafe(_settle, future, result, None)
+
+    def _publish(self, engine: Engine, rids: list[str]) -> None:
+        for rid in rids:
+            live = self._live[rid]
+            req = engine.request(rid)
+            num_ids = len(req.output_ids)
+            if num_ids == live.num_sent and not req.finished:
+                continue
+            new_ids = list(req.output_ids[live.num_sent:])
+            meta = {**req.meta_info(), "spec_verify_ct": req.meta_info().get("spec_verify_ct", 0)}
+            event = Event(req.stop.stream_delta(), new_ids, req.finished, meta)
+            self.metrics.on_tokens(req, len(new_ids), first=live.num_sent == 0 and num_ids > 0)
+            live.num_sent = num_ids
+            if req.finished:
+                event.text, event.output_ids = req.stop.text, list(req.output_ids)
+                self.metrics.on_finish(req, meta)
+                engine.forget(rid)
+                del self._live[rid]
+            self._loop.call_soon_threadsafe(live.events.put_nowait, event)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command is not None and command[1] is not None:
+                self._loop.call_soon_threadsafe(_settle, command[1], None, exc)
+        for live in self._live.values():
+            self._loop.call_soon_threadsafe(live.events.put_nowait, exc)
+
+
+def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the awaiting handler was cancelled (client went away)
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

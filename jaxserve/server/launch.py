@@ -1,0 +1,120 @@
+"""Start a server: build the `Engine` from `LaunchArgs`, bind the socket, run uvicorn until SIGINT/SIGTERM.
+
+Once the socket listens and the engine thread runs, one line `jaxserve ready on http://HOST:PORT` is printed
+to stdout (tests and scripts wait for it; with `--port 0` it carries the port the OS chose), followed by a
+curl command and the send_one command. On SIGINT/SIGTERM uvicorn stops accepting connections, lets open
+ones finish for up to `GRACEFUL_SHUTDOWN_S`, then the engine thread aborts what is left; exit status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import Sequence
+
+from jaxserve.server.args import LaunchArgs, UnsupportedFlagError, parse_launch_args
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+class LaunchError(RuntimeError):
+    """The server cannot start (missing model, bad configuration); the message says what to do."""
+
+
+def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
+    """The model directory and engine kwargs: `--model-path`, or the embedded default (with its EAGLE-3
+    draft when the engine supports speculative decoding). Raises LaunchError when neither exists."""
+    from jaxserve.assets import EMBEDDED_DRAFT_DIR, EMBEDDED_MODEL_DIR, embedded_model_available
+    from jaxserve.engine.config import ServerArgs
+
+    if args.model_path is not None:
+        return args.model_path, dict(args.engine_kwargs)
+    if not embedded_model_available():
+        raise LaunchError(f"no --model-path given and the embedded default model is missing "
+                          f"({EMBEDDED_MODEL_DIR}/model.safetensors); pass --model-path <HF checkpoint dir> "
+                          f"or build it with `python -m jaxserve.training.build_embedded`")
+    kwargs = dict(args.engine_kwargs)
+    spec_supported = "speculative_algorithm" in ServerArgs.__dataclass_fields__
+    if spec_supported and EMBEDDED_DRAFT_DIR.exists() and "speculative_algorithm" not in kwargs:
+        kwargs.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(EMBEDDED_DRAFT_DIR))
+    elif not spec_supported:
+        print("note: the engine has no speculative decoding yet; serving the embedded model without its "
+              "EAGLE-3 draft", file=sys.stderr)
+    return str(EMBEDDED_MODEL_DIR), kwargs
+
+
+def build_engine(args: LaunchArgs):
+    """The Engine for `args` (model loaded from disk; `--tokenizer-path` loads the tokenizer separately)."""
+    from jaxserve.engine import Engine
+
+    model_path, kwargs = resolve_model(args)
+    if args.tokenizer_path is None:
+        return Engine(model_path=model_path, **kwargs)
+    from jaxserve.loader.load import load_model
+    from jaxserve.loader.tokenizer import HFTokenizer
+
+    dtype = kwargs.get("dtype", "auto")
+    model = load_model(model_path, dtype=None if dtype == "auto" else dtype)
+    return Engine(model_path=model_path, model=model, tokenizer=HFTokenizer(args.tokenizer_path), **kwargs)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise LaunchError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def banner(host: str, port: int, api_key: str | None) -> str:
+    url = f"http://{host}:{port}"
+    auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
+    return "\n".join([
+        f"jaxserve ready on {url}",
+        f"  curl {url}/generate{auth} -H 'Content-Type: application/json' "
+        """-d '{"text": "Once upon a time,", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}'""",
+        f"  python -m jaxserve.test.send_one --host {host} --port {port} --max-new-tokens 32",
+        f"  OpenAI clients: base_url={url}/v1",
+    ])
+
+
+async def _serve(server, sock: socket.socket, text: str) -> None:
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        print(text, flush=True)
+    await task
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m jaxserve.launch_server`; returns the exit status."""
+    try:
+        args = parse_launch_args(argv)
+    except UnsupportedFlagError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sock = bind_socket(args.host, args.port)
+        engine = build_engine(args)
+    except (LaunchError, ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    import uvicorn
+
+    from jaxserve.server.app import create_app
+
+    port = sock.getsockname()[1]
+    app = create_app(engine, served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
+                     api_key=args.api_key, launch_info={"host": args.host, "port": port})
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                            access_log=False)
+    asyncio.run(_serve(uvicorn.Server(config), sock, banner(args.host, port, args.api_key)))
+    return 0

@@ -1,0 +1,96 @@
+"""SGLang's native routes: /generate, /health, /get_model_info, /get_server_info, /flush_cache, /metrics.
+
+`/generate` answers `{"text", "output_ids", "meta_info"}` (a list of them for a batch). `meta_info` has
+id, prompt_tokens, completion_tokens, cached_tokens, spec_verify_ct (0 without speculative decoding),
+finish_reason ({"type": "stop"|"length"|"abort", ...}) and e2e_latency (seconds). With `stream: true` it
+sends SSE chunks whose `text` and `output_ids` are cumulative (SGLang's default), then `data: [DONE]`.
+`max_new_tokens` above what the context leaves is capped to it (SGLang's rule); a request whose prompt +
+max_new_tokens cannot fit the KV pool even alone is a 400.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from jaxserve.server import streaming
+from jaxserve.server.engine_loop import Event
+from jaxserve.server.errors import APIError
+from jaxserve.server.metrics import kv_usage
+from jaxserve.server.protocol import GenerateRequest
+
+router = APIRouter()
+
+
+def _state(request: Request):
+    return request.app.state.server
+
+
+def generate_result(event: Event) -> dict:
+    return {"text": event.text, "output_ids": event.output_ids, "meta_info": event.meta_info}
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, request: Request):
+    state = _state(request)
+    if body.prompts is not None and not state.has_tokenizer:
+        raise APIError(400, "this model has no tokenizer: send input_ids instead of text")
+    handles = await state.loop.submit(body.prompts, body.token_lists, body.params_per_prompt())
+    if body.stream:
+        rid, events = handles[0]
+        return StreamingResponse(_stream_generate(state.loop, rid, events), media_type="text/event-stream")
+    results = await streaming.collect_all(state.loop, handles, request)
+    out = [generate_result(e) for e in results]
+    return out if body.is_batch else out[0]
+
+
+async def _stream_generate(loop, rid, events):
+    text, ids = "", []
+    async for event in streaming.iterate(loop, rid, events):
+        text += event.delta_text
+        ids += event.delta_ids
+        yield streaming.sse({"text": text, "output_ids": ids, "meta_info": event.meta_info})
+    yield streaming.DONE
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 while the engine thread runs; 503 once it has died."""
+    loop = _state(request).loop
+    if not loop.healthy:
+        return JSONResponse({"status": "unhealthy", "error": repr(loop.error)}, status_code=503)
+    return Response(status_code=200)
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict:
+    state = _state(request)
+    return {"model_path": state.model_path, "tokenizer_path": state.tokenizer_path, "is_generation": True,
+            "served_model_name": state.served_model_name, "context_length": state.context_length,
+            "has_chat_template": state.chat_template is not None}
+
+
+@router.get("/get_server_info")
+async def get_server_info(request: Request) -> dict:
+    """Server args, gauges, and `memory`: slot accounting plus `check_memory`'s ownership proof (free /
+    tree / live-request slots partition the pool)."""
+    state = _state(request)
+
+    def memory(engine) -> dict:
+        return {**kv_usage(engine), **engine.check_memory(), "num_running": len(engine.scheduler.running),
+                "num_waiting": len(engine.scheduler.waiting)}
+
+    return {**state.server_info, "internal_states": [state.metrics.snapshot()],
+            "memory": await state.loop.call(memory)}
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> dict:
+    """Drop every cached prefix. 409 while requests are running or waiting."""
+    await _state(request).loop.call(lambda engine: engine.flush_cache())
+    return {"success": True, "message": "Cache flushed."}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,70 @@
+"""Waiting on a request's events: to the end (`collect`) or one by one (`iterate`), aborting the request
+when the HTTP client goes away; and Server-Sent Events framing (`data: {json}\\n\\n`, `data: [DONE]`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from jaxserve.server.engine_loop import EngineLoop, Event
+
+DONE = "data: [DONE]\n\n"
+DISCONNECT_POLL_S = 0.25
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _raise_if_error(item: Event | BaseException) -> Event:
+    if isinstance(item, BaseException):  # the engine loop died; see EngineLoop._fail_all
+        raise RuntimeError(f"the engine loop failed: {item!r}")
+    return item
+
+
+async def collect(loop: EngineLoop, rid: str, events: asyncio.Queue, request: Request | None) -> Event:
+    """The final event of `rid`. If `request`'s client disconnects first, the request is aborted (its KV is
+    freed) and asyncio.CancelledError is raised."""
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    raise asyncio.CancelledError(f"client of {rid} disconnected") from None
+                continue
+            event = _raise_if_error(item)
+            if event.finished:
+                return event
+    except BaseException:
+        loop.abort(rid)
+        raise
+
+
+async def collect_all(loop: EngineLoop, handles: list[tuple[str, asyncio.Queue]],
+                      request: Request | None) -> list[Event]:
+    """Final events of a batch; on disconnect or error every request of the batch is aborted."""
+    try:
+        return list(await asyncio.gather(*(collect(loop, rid, q, request) for rid, q in handles)))
+    except BaseException:
+        for rid, _ in handles:
+            loop.abort(rid)
+        raise
+
+
+async def iterate(loop: EngineLoop, rid: str, events: asyncio.Queue) -> AsyncIterator[Event]:
+    """Events of `rid` until its final one. If the consumer stops early (the streaming response was closed
+    because the client disconnected), the request is aborted."""
+    finished = False
+    try:
+        while not finished:
+            event = _raise_if_error(await events.get())
+            finished = event.finished
+            yield event
+    finally:
+        if not finished:
+            loop.abort(rid)
