@@ -99,6 +99,24 @@ class KVCache:
         req.kv_slots = np.concatenate([req.kv_slots, slots.astype(req.kv_slots.dtype)])
         return True
 
+    def extend_many(self, spans: list[tuple[CachedReq, int, int]]) -> bool:
+        """`extend` for several requests with one allocator call, all or nothing (False: nothing taken)."""
+        paged = [(r, a, b) for r, a, b in spans if self.pages_for(b) > self.pages_for(a)]
+        if paged:
+            self._make_room(sum(self.pages_for(b) - self.pages_for(a) for _, a, b in paged) * self.page_size)
+            last = [int(r.kv_slots[a - 1]) if a else 0 for r, a, _ in paged]
+            slots = self.allocator.alloc_extend(np.array([a for _, a, _ in paged]),
+                                                np.array([b for _, _, b in paged]), np.array(last))
+            if slots is None:
+                return False
+            offsets = np.cumsum([0] + [b - a for _, a, b in paged])
+            for (req, _, _), lo, hi in zip(paged, offsets[:-1], offsets[1:], strict=True):
+                req.kv_slots = np.concatenate([req.kv_slots, slots[lo:hi].astype(req.kv_slots.dtype)])
+        for req, start, stop in spans:
+            if self.pages_for(stop) == self.pages_for(start):
+                self.extend(req, start, stop)  # inside its own partial page: cannot fail
+        return True
+
     # ------------------------------------------------------------------ step inputs
     def page_ids(self, req: CachedReq, num_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Full-group page ids covering positions `[0, num_tokens)`, and the SWA group's (0 where a

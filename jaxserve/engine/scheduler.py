@@ -69,6 +69,21 @@ class Scheduler:
                                   f"waiting requests ({self.kv.available_slots()} slots free)")
 
     def _schedule_once(self) -> list[ScheduledSeq]:
+        batch, budget = self._schedule_running_fast()
+        retracted = False
+        if batch is None:
+            batch, budget, retracted = self._schedule_running_slow()
+        while not retracted and self.waiting and budget > 0 and len(self.running) < self.max_running:
+            seq = self._admit(self.waiting[0], budget)
+            if seq is None:
+                break
+            batch.append(seq)
+            budget -= seq.num_tokens
+        return batch
+
+    def _schedule_running_slow(self) -> tuple[list[ScheduledSeq], int, bool]:
+        """Running requests one by one, retracting the newest while the pool is short. Returns the batch,
+        the token budget left and whether anything was retracted."""
         batch: list[ScheduledSeq] = []
         budget, retracted = self.max_tokens, False
         for req in sorted(self.running, key=lambda r: r.num_remaining > 1):
@@ -86,13 +101,22 @@ class Scheduler:
             else:
                 batch.append(self._commit(req, num_tokens))
                 budget -= num_tokens
-        while not retracted and self.waiting and budget > 0 and len(self.running) < self.max_running:
-            seq = self._admit(self.waiting[0], budget)
-            if seq is None:
+        return batch, budget, retracted
+
+    def _schedule_running_fast(self) -> tuple[list[ScheduledSeq] | None, int]:
+        """Every running request's share of the step with one allocation; (None, full budget) when the pool
+        is short, and the per-request path (with retraction) decides."""
+        spans, budget = [], self.max_tokens
+        for req in sorted(self.running, key=lambda r: r.num_remaining > 1):
+            if budget == 0:
                 break
-            batch.append(seq)
-            budget -= seq.num_tokens
-        return batch
+            if not req.last_token_in_flight:
+                num_tokens = min(req.num_remaining, budget)
+                spans.append((req, num_tokens))
+                budget -= num_tokens
+        if not self.kv.extend_many([(r.cached, r.num_computed, r.num_computed + n) for r, n in spans]):
+            return None, self.max_tokens
+        return [self._commit(req, n) for req, n in spans], budget
 
     @staticmethod
     def _commit(req: Request, num_tokens: int) -> ScheduledSeq:
