@@ -1,9 +1,10 @@
-"""Request-level operations of the plain tree: admission, chunked prefill, finish, release.
+"""Request-level operations of the plain tree: how a request's computed prefix goes into the tree. The
+operations themselves (`admit`, `cache_unfinished_req`, `cache_finished_req`, `release_req`) and the ownership
+model are shared with the SWA tree in `cache.request_ops`.
 
-Ownership model of a live `CachedReq` (see `cache.request`): with `L = req.last_matched_prefix_len`,
-`kv_slots[:L]` are the tree's slots on the locked path of `req.last_node`, and `kv_slots[L:]` are the
-request's own (private). `L` is always a multiple of the page size, so private slots fill whole pages except
-possibly the last one, and every private page is the request's alone.
+The plain `insert` frees nothing: it returns how many leading units were already cached, and the request's
+slots for `[L, returned)` (`L = req.last_matched_prefix_len`) are duplicates that the request operations free
+and replace by the tree's (after the re-match).
 
 Correct where SGLang 0.5.3.post1 is not (reference §8, §23): SGLang takes the duplicate range to free as
 `kv[len(prefix_indices) (-1 under EAGLE) : new_prefix_len]`. With `page_size > 1` that start can fall inside a
@@ -17,109 +18,17 @@ only differ where SGLang's own free breaks the ownership rule. Also deliberate: 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from cache.errors import InvariantError, RequestStateError
-from cache.keys import SLOT_DTYPE, RadixKey, as_token_array
-from cache.request import CachedReq
+from cache.keys import RadixKey
+from cache.request_ops import RequestOps
 
 
-class RadixRequestOps:
-    """Mixin for `RadixCache`: the scheduler-facing operations on a `CachedReq`."""
+class RadixRequestOps(RequestOps):
+    """Mixin for `RadixCache`: the request operations of `cache.request_ops`, plain insert hook."""
 
-    def _kv_prefix_units(self, num_tokens: int) -> int:
-        """Units of a request with `num_tokens` computed tokens that can go into the tree: R1 (EAGLE keeps the
-        last token's KV out: its bigram partner is unknown) then R2 (whole pages)."""
-        num_units = max(num_tokens - self.eagle, 0)
-        return num_units - num_units % self.page_size
-
-    def admit(self, req: CachedReq, fill_ids: Sequence[int] | np.ndarray) -> int:
-        """Match `fill_ids[:-1]` (at least one token is always recomputed, §19), lock the match, and set
-        `req.kv_slots` to the matched (tree-owned) slots. Returns the matched length (units = slots).
-
-        The caller then allocates slots for the positions from `req.prefix_len` on and appends them to
-        `req.kv_slots` (they are the request's). Raises RequestStateError if `req` already holds slots.
-        """
-        tokens = as_token_array(fill_ids)
-        if req.kv_slots.shape[0] or req.last_matched_prefix_len:
-            raise RequestStateError("admit needs a fresh request (no slots); release or finish it first")
-        key = RadixKey(tokens[: max(tokens.shape[0] - 1, 0)], self.eagle, req.extra_key)
-        slots, node = self.match_prefix(key)
-        req.lock_id = self.inc_lock_ref(node)
-        req.kv_slots, req.last_node = slots, node
-        req.prefix_len = req.last_matched_prefix_len = int(slots.shape[0])
-        return req.prefix_len
-
-    def _check_progress(self, req: CachedReq, num_tokens: int, what: str) -> None:
-        if num_tokens < req.prefix_len or req.kv_slots.shape[0] < num_tokens:
-            raise RequestStateError(
-                f"{what}: {num_tokens} tokens with KV, but the request already covers {req.prefix_len} "
-                f"and holds {req.kv_slots.shape[0]} slots"
-            )
-
-    def cache_unfinished_req(self, req: CachedReq, fill_ids: Sequence[int] | np.ndarray) -> tuple[int, int]:
-        """After a prefill chunk: cache what is now computed (`fill_ids`, whose KV is in `req.kv_slots`).
-
-        Inserts the first `page_floor(len - eagle)` units, frees the request's duplicates of units the tree
-        already had (whole pages), points `req.kv_slots` at the tree's slots there, and moves the lock down to
-        the new match. Returns `[start, stop)`: the positions of `req.kv_slots` whose slot changed (the caller
-        copies them to the device page table; empty when start == stop). `req.prefix_len` becomes
-        `len(fill_ids)`: the next chunk starts there.
-        """
-        tokens = as_token_array(fill_ids)
-        num_tokens = tokens.shape[0]
-        self._check_progress(req, num_tokens, "cache_unfinished_req")
-        owned = req.last_matched_prefix_len
-        num_units = self._kv_prefix_units(num_tokens)
-        if self.disabled or num_units <= owned:
-            req.prefix_len = num_tokens
-            return owned, owned
-        kv = req.kv_slots
-        key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
-        num_cached = self.insert(key, kv[:num_units])
-        if num_cached > owned:
-            self.allocator.free(kv[owned:num_cached])
-        slots, node = self.match_prefix(key)
-        if slots.shape[0] != num_units:  # cannot happen unless the tree is corrupt; never repoint on it
-            raise InvariantError(f"re-match after insert found {slots.shape[0]} of {num_units} units")
-        lock_id = self.inc_lock_ref(node)
-        self.dec_lock_ref(req.last_node, req.lock_id)
-        req.kv_slots = np.concatenate((slots, kv[num_units:]))
-        req.last_node, req.lock_id = node, lock_id
-        req.last_matched_prefix_len, req.prefix_len = num_units, num_tokens
-        return owned, max(owned, num_cached)
-
-    def cache_finished_req(self, req: CachedReq, token_ids: Sequence[int] | np.ndarray) -> None:
-        """A finished request: `token_ids` = prompt + output; every token but the last sampled one has KV in
-        `req.kv_slots`. Inserts `page_floor(len - 1 - eagle)` units, frees the request's duplicates and every
-        private slot the tree did not keep (the tail, including any slots beyond the KV), unlocks, and leaves
-        `req` empty. Afterwards the request owns nothing.
-        """
-        tokens = as_token_array(token_ids)
-        num_tokens = max(tokens.shape[0] - 1, 0)
-        self._check_progress(req, num_tokens, "cache_finished_req")
-        owned, kv = req.last_matched_prefix_len, req.kv_slots
-        num_units = self._kv_prefix_units(num_tokens)
-        to_free = []
-        if not self.disabled and num_units > owned:
-            key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
-            num_cached = self.insert(key, kv[:num_units])
-            to_free.append(kv[owned : max(owned, num_cached)])
-        else:
-            num_units = owned
-        to_free.append(kv[num_units:])
-        self._free_and_forget(req, np.concatenate(to_free))
-
-    def release_req(self, req: CachedReq) -> None:
-        """Abort / retract: free the request's private slots, keep what the tree owns, unlock, empty `req`."""
-        self._free_and_forget(req, req.kv_slots[req.last_matched_prefix_len :])
-
-    def _free_and_forget(self, req: CachedReq, private: np.ndarray) -> None:
-        self.dec_lock_ref(req.last_node, req.lock_id)
-        if private.shape[0]:
-            self.allocator.free(private)
-        req.kv_slots = np.zeros(0, SLOT_DTYPE)
-        req.prefix_len = req.last_matched_prefix_len = 0
-        req.last_node, req.lock_id = self.root, None
+    def _insert_req_prefix(self, key: RadixKey, kv: np.ndarray, owned: int) -> tuple[np.ndarray, int]:
+        """Insert, then hand back `kv[owned:num_cached]`: the request's duplicates of units the tree already
+        had (whole pages the request owns), which are also the positions whose slots the re-match replaces."""
+        stop = max(owned, self.insert(key, kv))
+        return kv[owned:stop], stop
