@@ -84,6 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def _on_any(_: Request, exc: Exception) -> JSONResponse:
+    async def _on_known(_: Request, exc: Exception) -> JSONResponse:
         return error_response(status_of(exc), describe(exc))
+
+    # Known errors are answered by the routing layer; a bare Exception handler (500) is also logged with
+    # its traceback by Starlette's outermost middleware.
+    for kind in (APIError, InvalidRequestError, InvalidSamplingParamsError, EngineBusyError, Exception):
+        app.add_exception_handler(kind, _on_known)

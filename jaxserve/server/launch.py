@@ -9,6 +9,8 @@ ones finish for up to `GRACEFUL_SHUTDOWN_S`, then the engine thread aborts what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -85,6 +87,26 @@ def banner(host: str, port: int, api_key: str | None) -> str:
     ])
 
 
+def _make_server(config):
+    """uvicorn's Server, with SIGINT/SIGTERM handled on the event loop: the first starts a graceful shutdown,
+    a second forces it; either way the process then exits 0 (uvicorn would re-raise the signal)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return Server(config)
+
+
 async def _serve(server, sock: socket.socket, text: str) -> None:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
@@ -116,5 +138,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                      api_key=args.api_key, launch_info={"host": args.host, "port": port})
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             access_log=False)
-    asyncio.run(_serve(uvicorn.Server(config), sock, banner(args.host, port, args.api_key)))
+    asyncio.run(_serve(_make_server(config), sock, banner(args.host, port, args.api_key)))
     return 0

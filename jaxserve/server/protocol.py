@@ -37,6 +37,7 @@ class GenerateRequest(_Strict):
     stream: StrictBool = False
     rid: str | None = None  # accepted for SGLang compatibility; the server names requests itself
     return_logprob: StrictBool = False
+    image_data: None = None  # SGLang clients send null; images are not supported
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -73,7 +74,9 @@ class GenerateRequest(_Strict):
         num = len(self.prompts or self.token_lists)
         params = self.sampling_params if isinstance(self.sampling_params, list) else \
             [self.sampling_params or {}] * num
-        return [{**p, "return_logprob": True} if self.return_logprob else dict(p) for p in params]
+        # null means "not set" (SGLang clients send e.g. "json_schema": null)
+        params = [{k: v for k, v in p.items() if v is not None} for p in params]
+        return [{**p, "return_logprob": True} if self.return_logprob else p for p in params]
 
 
 class StreamOptions(_Strict):

@@ -1,0 +1,58 @@
+"""A tiny random Llama checkpoint with a trained byte-level BPE tokenizer and a chat template, written to a
+directory so that a server process can load it with `--model-path` (the embedded default is used instead
+when `JAXSERVE_TEST_EMBEDDED=1` and `jaxserve/assets/embedded` exists)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.models.helpers import make_hf_checkpoint
+
+VOCAB_SIZE = 512
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_CORPUS = [
+    "You are a helpful, respectful and honest assistant.",
+    "Human: Give me a fully functional FastAPI server. Show the python code.\n\nAssistant:",
+    "The quick brown fox jumps over the lazy dog. Hello world, hello server!",
+    "def main():\n    print('hello')\n    return 0\n",
+    "Question: what is the capital of France? Answer: Paris.",
+] * 20
+
+
+def write_trained_tokenizer(directory: Path, *, chat_template: bool = True) -> None:
+    """Train a byte-level BPE of `VOCAB_SIZE` ids (with `<|end|>` as EOS) on a small corpus; write
+    tokenizer.json and tokenizer_config.json (with a chat template unless `chat_template` is False)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS, trainer)
+    assert tok.get_vocab_size() <= VOCAB_SIZE
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"eos_token": "<|end|>"}
+    if chat_template:
+        config["chat_template"] = CHAT_TEMPLATE
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def write_tiny_checkpoint(directory: Path, *, chat_template: bool = True) -> Path:
+    """Random tiny Llama (vocab 512, context 256) + trained tokenizer in `directory`; returns it."""
+    make_hf_checkpoint(directory, "llama", seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=256,
+                       eos_token_id=None, bos_token_id=None)
+    write_trained_tokenizer(directory, chat_template=chat_template)
+    return directory
+
+
+def use_embedded() -> bool:
+    """True when tests should serve the embedded default instead of a tiny random checkpoint."""
+    from jaxserve.assets import embedded_model_available
+
+    return os.environ.get("JAXSERVE_TEST_EMBEDDED") == "1" and embedded_model_available()
