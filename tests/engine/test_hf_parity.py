@@ -41,3 +41,24 @@ def test_engine_from_a_checkpoint_directory_decodes_text(llama):
     assert out["output_ids"] == hf_greedy(hf, tokenizer.encode("Hello, world"), 8)
     assert out["text"] == tokenizer.decode(out["output_ids"])
     assert out["meta_info"]["prompt_tokens"] == len("Hello, world")  # byte tokenizer: one id per byte
+
+
+@pytest.mark.parametrize(("model_type", "overrides"), [
+    ("qwen3", dict(head_dim=16)),
+    ("gemma2", dict(num_hidden_layers=3, head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                    attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
+])
+def test_other_architectures_with_shared_prefixes_equal_transformers(tmp_path, model_type, overrides):
+    from jaxserve.loader.load import load_model
+    from tests.models.helpers import make_hf_checkpoint
+
+    hf = make_hf_checkpoint(tmp_path, model_type, seed=2, **overrides)
+    engine = make_engine(load_model(tmp_path, progress=False), page_size=16, chunked_prefill_size=32,
+                         max_running_requests=4)
+    base = prompts(3, [40])[0]
+    batch = [base + p for p in prompts(4, [3, 11, 20])]
+    first = engine.generate(input_ids=batch[0], sampling_params=GREEDY)
+    rest = engine.generate(input_ids=batch[1:], sampling_params=GREEDY)
+    assert [o["meta_info"]["cached_tokens"] for o in rest] == [32, 32]  # the prefix's whole pages
+    for p, out in zip(batch, [first, *rest], strict=True):
+        assert out["output_ids"] == hf_greedy(hf, p, 10)
