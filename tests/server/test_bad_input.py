@@ -1,0 +1,94 @@
+"""Bad input never takes the server down: each bad request gets a 4xx JSON error with a clear message, and
+afterwards the server still answers /health and its KV cache is back to baseline (no leaked slots)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.conftest import assert_kv_baseline
+
+GREEDY = {"temperature": 0, "max_new_tokens": 2}
+# (case id, method, path, body (dict = JSON, bytes = raw), expected status, substring of the message)
+CASES = [
+    ("malformed-json", "POST", "/generate", b'{"text": "hi",', 400, "malformed JSON"),
+    ("body-not-object", "POST", "/generate", b"[1, 2]", 400, "invalid request"),
+    ("text-wrong-type", "POST", "/generate", {"text": 5}, 400, "text"),
+    ("ids-wrong-type", "POST", "/generate", {"input_ids": ["a", "b"]}, 400, "input_ids"),
+    ("stream-wrong-type", "POST", "/generate", {"text": "hi", "stream": "yes"}, 400, "stream"),
+    ("params-wrong-type", "POST", "/generate", {"text": "hi", "sampling_params": "greedy"}, 400,
+     "sampling_params"),
+    ("unknown-field", "POST", "/generate", {"text": "hi", "foo": 1}, 400, "unknown field 'foo'"),
+    ("unknown-sampling-param", "POST", "/generate", {"text": "hi", "sampling_params": {"max_tokens": 3}}, 400,
+     "unknown sampling parameter"),
+    ("both-inputs", "POST", "/generate", {"text": "hi", "input_ids": [1]}, 400, "exactly one"),
+    ("no-input", "POST", "/generate", {"sampling_params": GREEDY}, 400, "exactly one"),
+    ("empty-text", "POST", "/generate", {"text": ""}, 400, "empty"),
+    ("empty-ids", "POST", "/generate", {"input_ids": []}, 400, "empty"),
+    ("empty-batch", "POST", "/generate", {"text": []}, 400, "empty"),
+    ("over-long-prompt", "POST", "/generate", {"input_ids": [7] * 300}, 400, "context length is 256"),
+    ("over-long-text", "POST", "/generate", {"text": "hello " * 5000}, 400, "context length is 256"),
+    ("negative-temperature", "POST", "/generate", {"text": "hi", "sampling_params": {"temperature": -1}}, 400,
+     "temperature"),
+    ("top-p-zero", "POST", "/generate", {"text": "hi", "sampling_params": {"top_p": 0}}, 400, "top_p"),
+    ("top-k-zero", "POST", "/generate", {"text": "hi", "sampling_params": {"top_k": 0}}, 400, "top_k"),
+    ("negative-max-new", "POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, 400,
+     "max_new_tokens"),
+    ("float-max-new", "POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1.5}}, 400,
+     "max_new_tokens"),
+    ("empty-stop", "POST", "/generate", {"text": "hi", "sampling_params": {"stop": [""]}}, 400, "stop"),
+    ("n-2", "POST", "/generate", {"text": "hi", "sampling_params": {"n": 2}}, 400, "n=2"),
+    ("stop-id-outside-vocab", "POST", "/generate",
+     {"text": "hi", "sampling_params": {"stop_token_ids": [999]}}, 400, "stop_token_ids"),
+    ("token-id-negative", "POST", "/generate", {"input_ids": [1, -1]}, 400, "outside the vocabulary"),
+    ("token-id-too-large", "POST", "/generate", {"input_ids": [1, 512]}, 400, "outside the vocabulary"),
+    ("token-id-huge", "POST", "/generate", {"input_ids": [10**20]}, 400, "input_ids"),
+    ("batch-one-bad", "POST", "/generate", {"input_ids": [[1, 2], [3, 999]], "sampling_params": GREEDY}, 400,
+     "outside the vocabulary"),
+    ("stream-batch", "POST", "/generate", {"text": ["a", "b"], "stream": True}, 400, "single prompt"),
+    ("stream-bad-params", "POST", "/generate",
+     {"text": "hi", "stream": True, "sampling_params": {"temperature": "hot"}}, 400, "temperature"),
+    ("oversized-body", "POST", "/generate", b'{"text": "' + b"a" * (9 * 1024 * 1024) + b'"}', 413,
+     "exceeds the limit"),
+    ("wrong-method", "GET", "/generate", None, 405, "Method Not Allowed"),
+    ("chat-bad-role", "POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400,
+     "role"),
+    ("chat-image-part", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "not supported"),
+    ("completion-max-tokens-string", "POST", "/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400,
+     "max_tokens"),
+    ("completion-prompt-batch", "POST", "/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt"),
+    ("completion-empty-prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "empty"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_request_gets_clear_4xx_and_server_survives(client, case):
+    _, method, path, body, status, message = case
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+    r = client.request(method, path, **kwargs, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()
+    assert error["object"] == "error" and error["code"] == status
+    assert message in error["message"], error["message"]
+    assert client.get("/health").status_code == 200
+    assert_kv_baseline(client)
+
+
+def test_huge_max_new_tokens_is_capped_to_the_context(client):
+    r = client.post("/generate", json={"input_ids": [3] * 200, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 10**12, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert meta["completion_tokens"] == 256 - 200 and meta["finish_reason"]["type"] == "length"
+    assert_kv_baseline(client)
+
+
+def test_chunked_oversized_body_is_rejected(server):
+    def chunks():
+        for _ in range(10):
+            yield b"a" * (1024 * 1024)
+
+    r = httpx.post(server.url + "/generate", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "exceeds the limit" in r.json()["message"]

@@ -1,0 +1,70 @@
+"""The official `openai` client against /v1: chat and completions, plain and streaming, equal to the
+in-process Engine's greedy output for the same prompt (chat: the checkpoint's template rendered here)."""
+
+from __future__ import annotations
+
+import jinja2
+import openai
+import pytest
+
+from tests.server.checkpoint import CHAT_TEMPLATE
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Hello server!"}]
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat_ids(reference) -> list[int]:
+    text = jinja2.Template(CHAT_TEMPLATE).render(messages=MESSAGES, add_generation_prompt=True)
+    return reference.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_completions(oai, reference, model_dir):
+    out = oai.completions.create(model="any", prompt="The quick brown fox", max_tokens=9, temperature=0)
+    text, ids = reference.generate("The quick brown fox", 9)
+    assert out.object == "text_completion" and out.choices[0].text == text
+    assert out.usage.completion_tokens == len(ids)
+    assert out.choices[0].finish_reason in ("length", "stop")
+    default = oai.completions.create(model="any", prompt=[1, 2, 3], temperature=0)  # OpenAI's max_tokens 16
+    assert default.usage.completion_tokens == len(reference.generate([1, 2, 3], 16)[1])
+
+
+def test_completions_stream(oai, reference):
+    stream = oai.completions.create(model="any", prompt="Hello world", max_tokens=8, temperature=0,
+                                    stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == reference.generate("Hello world", 8)[0]
+    assert chunks[-1].choices[0].finish_reason is not None
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat(oai, reference):
+    out = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=10, temperature=0)
+    text, ids = reference.generate(chat_ids(reference), 10)
+    assert out.object == "chat.completion"
+    assert out.choices[0].message.role == "assistant" and out.choices[0].message.content == text
+    assert out.usage.prompt_tokens == len(chat_ids(reference)) and out.usage.completion_tokens == len(ids)
+
+
+def test_chat_stream_with_usage(oai, reference):
+    stream = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=10, temperature=0,
+                                         stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    text, ids = reference.generate(chat_ids(reference), 10)
+    assert content == text
+    assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
+
+
+def test_bad_requests_raise_bad_request_error(oai):
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        oai.completions.create(model="any", prompt="x", max_tokens=2, top_p=0)
+    with pytest.raises(openai.BadRequestError, match="n"):
+        oai.completions.create(model="any", prompt="x", max_tokens=2, n=2)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        oai.chat.completions.create(model="any", messages=[], max_tokens=2)
