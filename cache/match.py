@@ -6,7 +6,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cache.node import _TOKEN_BYTES, TreeNode
+from cache.node import TreeNode
+from cache.node_base import _TOKEN_BYTES
 
 
 class MatchResult(NamedTuple):

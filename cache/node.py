@@ -10,6 +10,8 @@ Invariants between calls (checked by `RadixCache.check_invariants`):
   node's key (see `TreeNode.child_key`);
 - `lock_ref >= 0`, and a node's `lock_ref` is at least each child's (locks cover whole root paths);
 - `key_bytes == key.tokens.tobytes()` (cached so that key comparisons are one memcmp).
+`child_key`, `path_from_root`, `path_below` and `iter_below` are shared with the SWA tree's node
+(`cache.node_base`).
 A node removed from the tree has `parent is None` (and is not the root): it is dead and must not be used.
 """
 
@@ -20,23 +22,13 @@ from itertools import count
 
 import numpy as np
 
-from cache.keys import TOKEN_DTYPE, RadixKey
+from cache.keys import RadixKey
+from cache.node_base import NodeBase
 
-_TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 _ids = count()
 
 
-def child_key_of(key_bytes: bytes, page_size: int, bigram: bool, extra_key: Hashable | None) -> Hashable:
-    """The children-dict key of a key whose token bytes start with `key_bytes`.
-
-    It is the bytes of the tokens that make up the first page of units (`page_size` tokens, one more for
-    bigrams), paired with the namespace when there is one. Callers pass at least that many bytes.
-    """
-    head = key_bytes[: (page_size + bigram) * _TOKEN_BYTES]
-    return head if extra_key is None else (extra_key, head)
-
-
-class TreeNode:
+class TreeNode(NodeBase):
     """One edge of the radix tree: a key (units), its slots, children, lock count and LRU stamp."""
 
     __slots__ = (
@@ -77,19 +69,6 @@ class TreeNode:
     def is_evictable_leaf(self) -> bool:
         """In the tree, unlocked, without children, and not the root."""
         return self.parent is not None and not self.children and self.lock_ref == 0
-
-    def child_key(self, page_size: int) -> Hashable:
-        return child_key_of(self.key_bytes, page_size, self.key.bigram, self.key.extra_key)
-
-    def path_from_root(self) -> list[TreeNode]:
-        """Nodes from the root's child down to this node (empty for the root). O(depth)."""
-        path = []
-        node: TreeNode | None = self
-        while node is not None and node.parent is not None:
-            path.append(node)
-            node = node.parent
-        path.reverse()
-        return path
 
     def __lt__(self, other: TreeNode) -> bool:
         return (self.last_access, self.id) < (other.last_access, other.id)

@@ -37,7 +37,8 @@ from cache.keys import (
     tree_key,
 )
 from cache.match import MatchResult, common_units
-from cache.node import _TOKEN_BYTES, TreeNode
+from cache.node import TreeNode
+from cache.node_base import _TOKEN_BYTES, drop_all
 from cache.pretty import format_tree
 from cache.radix_invariants import check_radix_invariants
 from cache.radix_requests import RadixRequestOps
@@ -99,23 +100,13 @@ class RadixCache(RadixRequestOps):
 
     def iter_nodes(self) -> Iterator[TreeNode]:
         """Every non-root node, parents before children (O(nodes))."""
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        return self.root.iter_below()
 
     def reset(self) -> None:
         """Drop every node and free its slots to the allocator. Raises EvictLockedError (tree unchanged) while
         any request holds a lock."""
-        locked = [n for n in self.iter_nodes() if n.lock_ref > 0]
-        if locked:
-            raise EvictLockedError(f"reset with {len(locked)} locked nodes; release the live requests first")
-        slots = [n.value for n in self.iter_nodes()]
-        if slots:
-            self.allocator.free(np.concatenate(slots))
-        for node in self.iter_nodes():
-            node.parent = None
+        nodes = list(self.iter_nodes())
+        drop_all(self.allocator, nodes, sum(1 for n in nodes if n.lock_ref > 0))
         self._clear()
 
     # ------------------------------------------------------------------ keys
@@ -264,11 +255,8 @@ class RadixCache(RadixRequestOps):
 
     # ------------------------------------------------------------------ locks
     def _path(self, node: TreeNode) -> list[TreeNode]:
-        path = node.path_from_root()
-        top = path[0].parent if path else node
-        if top is not self.root:
-            raise LockError(f"{node!r} is not in this tree (evicted, or from another tree)")
-        return path
+        """`node`'s root path; LockError unless `node` is in this tree."""
+        return node.path_below(self.root)
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock `node`'s root path against eviction (moves newly locked units evictable -> protected).
@@ -327,11 +315,7 @@ class RadixCache(RadixRequestOps):
         """
         self._path(node)
         nodes = [node] if node is not self.root else []
-        stack = list(node.children.values())
-        while stack:
-            n = stack.pop()
-            nodes.append(n)
-            stack.extend(n.children.values())
+        nodes.extend(node.iter_below())
         locked = [n for n in nodes if n.lock_ref > 0]
         if locked:
             raise EvictLockedError(f"cannot evict: {len(locked)} node(s) below {node!r} are locked")

@@ -108,11 +108,7 @@ class SWAEvictionOps:
         self._path(node)
         top_parent = node.parent if node is not self.root else None
         nodes = [node] if node is not self.root else []
-        stack = list(node.children.values())
-        while stack:
-            n = stack.pop()
-            nodes.append(n)
-            stack.extend(n.children.values())
+        nodes.extend(node.iter_below())
         locked = sum(1 for n in nodes if n.full_lock_ref > 0)
         if locked:
             raise EvictLockedError(f"cannot evict: {locked} node(s) at or below {node!r} are locked")

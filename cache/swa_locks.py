@@ -26,11 +26,8 @@ class SWALockOps:
     tree's `root`, `sliding_window`, `disabled` and its four size counters."""
 
     def _path(self, node: SWANode) -> list[SWANode]:
-        path = node.path_from_root()
-        top = path[0].parent if path else node
-        if top is not self.root:
-            raise LockError(f"{node!r} is not in this tree (evicted, or from another tree)")
-        return path
+        """`node`'s root path; LockError unless `node` is in this tree."""
+        return node.path_below(self.root)
 
     def _swa_lock_span(self, path: list[SWANode]) -> int:
         """How many nodes, from the bottom of `path`, an `inc_lock_ref` SWA-locks: up to and including the

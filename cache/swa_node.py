@@ -12,6 +12,8 @@ Invariants between calls (reference doc §10; proved by `SWARadixCache.check_inv
 - S4 a leaf is never a tombstone;
 - S7 a live node's slots map to SWA slots, a tombstone's map to 0.
 A node removed from the tree has `parent is None` and is not the root: it must not be used again.
+`child_key`, `path_from_root`, `path_below` and `iter_below` are shared with the plain tree's node
+(`cache.node_base`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import numpy as np
 
 from cache.keys import RadixKey
 from cache.lru_list import LRULink
-from cache.node import child_key_of
+from cache.node_base import NodeBase
 
 _ids = count()
 
 
-class SWANode:
+class SWANode(NodeBase):
     """One edge of the SWA tree: key units, full slots, tombstone flag, two lock counts, two LRU links."""
 
     __slots__ = (
@@ -67,20 +69,6 @@ class SWANode:
     def num_units(self) -> int:
         """Key length in units (tokens or bigrams) == number of full slots held."""
         return int(self.value.shape[0])
-
-    def child_key(self, page_size: int) -> Hashable:
-        """This node's key in its parent's `children` dict (first page of units, with the namespace)."""
-        return child_key_of(self.key_bytes, page_size, self.key.bigram, self.key.extra_key)
-
-    def path_from_root(self) -> list[SWANode]:
-        """Nodes from the root's child down to this node (empty for the root). O(depth)."""
-        path = []
-        node: SWANode | None = self
-        while node is not None and node.parent is not None:
-            path.append(node)
-            node = node.parent
-        path.reverse()
-        return path
 
     def __repr__(self) -> str:
         flags = " T" if self.tombstone else ""

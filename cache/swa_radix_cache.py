@@ -40,11 +40,11 @@ from collections.abc import Hashable, Iterator, Sequence
 import numpy as np
 
 from cache.allocator import SWASlotAllocator
-from cache.errors import EvictLockedError, ValueLengthError
+from cache.errors import ValueLengthError
 from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned, tree_key
 from cache.lru_list import LRUList
 from cache.match import MatchResult, common_units
-from cache.node import _TOKEN_BYTES, child_key_of
+from cache.node_base import _TOKEN_BYTES, child_key_of, drop_all
 from cache.slots import as_slot_array, check_slots
 from cache.swa_eviction import SWAEvictionOps
 from cache.swa_invariants import check_swa_invariants
@@ -130,23 +130,13 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
 
     def iter_nodes(self) -> Iterator[SWANode]:
         """Every non-root node, parents before children (O(nodes))."""
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        return self.root.iter_below()
 
     def reset(self) -> None:
         """Drop every node and free its slots (full, and SWA where live). Raises EvictLockedError (tree
         unchanged) while any request holds a lock."""
         nodes = list(self.iter_nodes())
-        locked = sum(1 for n in nodes if n.full_lock_ref > 0)
-        if locked:
-            raise EvictLockedError(f"reset with {locked} locked nodes; release the live requests first")
-        if nodes:
-            self.allocator.free(np.concatenate([n.value for n in nodes]))
-        for node in nodes:
-            node.parent = None
+        drop_all(self.allocator, nodes, sum(1 for n in nodes if n.full_lock_ref > 0))
         self._clear()
 
     # ------------------------------------------------------------------ keys
