@@ -213,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=1200, help="1200 x 8 x 256 = 2.5M tokens")
     p.add_argument("--minutes", type=float, default=15.0, help="time cap (0 = steps only)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=25)
