@@ -20,42 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from cache.errors import CacheError, InvariantError
+from cache.invariant_checks import check_continues_parent, check_node_shape, fail
 from cache.keys import SLOT_DTYPE
-from cache.slots import check_slots
 
 _NONE = np.zeros(0, SLOT_DTYPE)
 
 
-def _fail(msg: str) -> None:
-    raise InvariantError(msg)
-
-
 def _check_node(tree: Any, node: Any) -> None:
-    parent, page_size = node.parent, tree.page_size
-    if parent is None or parent.children.get(node.child_key(page_size)) is not node:
-        _fail(f"{node!r} is not its parent's child under its child key")
-    if node.key.bigram != tree.eagle or len(node.key) != node.num_units or node.num_units == 0:
-        _fail(f"{node!r}: key mode/length does not fit {node.num_units} slots (eagle={tree.eagle})")
-    if node.key_bytes != node.key.tokens.tobytes():
-        _fail(f"{node!r}: cached key bytes are stale")
-    if node.num_units % page_size:
-        _fail(f"{node!r}: {node.num_units} units is not whole pages of {page_size}")
-    try:
-        check_slots(node.value, page_size)
-    except CacheError as exc:
-        _fail(f"{node!r}: {exc}")
+    check_node_shape(tree, node)
+    parent = node.parent
     if not node.full_lock_ref >= node.swa_lock_ref >= 0:
-        _fail(f"S1: {node!r} has full_lock_ref < swa_lock_ref or a negative count")
+        fail(f"S1: {node!r} has full_lock_ref < swa_lock_ref or a negative count")
     if node.tombstone and (node.swa_lock_ref or not node.children):
-        _fail(f"S4/S5: tombstone {node!r} is a leaf or holds an SWA lock")
-    if parent is not tree.root:
-        if parent.full_lock_ref < node.full_lock_ref:
-            _fail(f"{node!r}: full_lock_ref {node.full_lock_ref} above its parent's {parent.full_lock_ref}")
-        if parent.key.extra_key != node.key.extra_key:
-            _fail(f"{node!r}: namespace differs from its parent's")
-        if tree.eagle and parent.key.tokens[-1] != node.key.tokens[0]:
-            _fail(f"{node!r}: bigram key does not continue its parent's last token")
+        fail(f"S4/S5: tombstone {node!r} is a leaf or holds an SWA lock")
+    if parent is not tree.root and parent.full_lock_ref < node.full_lock_ref:
+        fail(f"{node!r}: full_lock_ref {node.full_lock_ref} above its parent's {parent.full_lock_ref}")
+    check_continues_parent(tree, node)
 
 
 def _check_tree(tree: Any) -> list[Any]:
@@ -68,14 +48,14 @@ def _check_tree(tree: Any) -> list[Any]:
             sizes["swa_protected" if node.swa_lock_ref else "swa_evictable"] += node.num_units
     for name in ("full_evictable", "full_protected", "swa_evictable", "swa_protected"):
         if sizes[name] != getattr(tree, f"{name}_size"):
-            _fail(f"S6: nodes hold {name}={sizes[name]}, the tree counts {getattr(tree, f'{name}_size')}")
+            fail(f"S6: nodes hold {name}={sizes[name]}, the tree counts {getattr(tree, f'{name}_size')}")
     in_full = list(tree.full_lru.owners_mru_first())
     in_swa = list(tree.swa_lru.owners_mru_first())
     if len(in_full) != len(nodes) or {id(n) for n in in_full} != {id(n) for n in nodes}:
-        _fail(f"S2: the full LRU list has {len(in_full)} members, the tree {len(nodes)} nodes")
+        fail(f"S2: the full LRU list has {len(in_full)} members, the tree {len(nodes)} nodes")
     live = [n for n in nodes if not n.tombstone]
     if len(in_swa) != len(live) or {id(n) for n in in_swa} != {id(n) for n in live}:
-        _fail(f"S3: the SWA LRU list has {len(in_swa)} members, the tree {len(live)} live nodes")
+        fail(f"S3: the SWA LRU list has {len(in_swa)} members, the tree {len(live)} live nodes")
     return nodes
 
 
@@ -89,16 +69,16 @@ def _check_requests(tree: Any, live_reqs: Iterable[Any]) -> list[np.ndarray]:
         path = tree._path(req.last_node) if req.last_node is not tree.root else []
         path_slots = np.concatenate([n.value for n in path]) if path else _NONE
         if path_slots.shape[0] != num_tree or not np.array_equal(path_slots, req.kv_slots[:num_tree]):
-            _fail(f"request {req!r}: kv_slots[:{num_tree}] are not the tree's slots on its locked path")
+            fail(f"request {req!r}: kv_slots[:{num_tree}] are not the tree's slots on its locked path")
         full_locks.update(path)
         swa_locks.update(path[len(path) - tree._swa_lock_span(path) :])
         private.append(np.asarray(req.kv_slots[num_tree:], SLOT_DTYPE))
     for node, n in full_locks.items():
         if node.full_lock_ref < n:
-            _fail(f"{node!r}: full_lock_ref {node.full_lock_ref} < {n} live requests locking it")
+            fail(f"{node!r}: full_lock_ref {node.full_lock_ref} < {n} live requests locking it")
     for node, n in swa_locks.items():
         if node.swa_lock_ref < n or node.tombstone:
-            _fail(f"{node!r}: in the window of {n} live requests but swa_lock_ref={node.swa_lock_ref}")
+            fail(f"{node!r}: in the window of {n} live requests but swa_lock_ref={node.swa_lock_ref}")
     return private
 
 
@@ -106,10 +86,10 @@ def _exclusive(kind: str, groups: dict[str, np.ndarray], num_total: int | None) 
     owned = np.concatenate(list(groups.values()))
     uniq, counts = np.unique(owned, return_counts=True)
     if (counts > 1).any():
-        _fail(f"{kind} pages owned twice ({', '.join(groups)}): {uniq[counts > 1][:10].tolist()}")
+        fail(f"{kind} pages owned twice ({', '.join(groups)}): {uniq[counts > 1][:10].tolist()}")
     if num_total is not None and uniq.shape[0] != num_total:
         missing = np.setdiff1d(np.arange(1, num_total + 1), uniq)[:10].tolist()
-        _fail(f"{kind} leak: {num_total - uniq.shape[0]} page(s) owned by nobody, e.g. {missing}")
+        fail(f"{kind} leak: {num_total - uniq.shape[0]} page(s) owned by nobody, e.g. {missing}")
 
 
 def check_swa_invariants(tree: Any, live_reqs: Iterable[Any] = ()) -> dict[str, int]:
@@ -128,7 +108,7 @@ def check_swa_invariants(tree: Any, live_reqs: Iterable[Any] = ()) -> dict[str, 
     live_tree = np.concatenate(live_vals) if live_vals else _NONE
     tomb_tree = np.concatenate(tomb_vals) if tomb_vals else _NONE
     if (alloc.swa_slots_of(tomb_tree) != 0).any():
-        _fail("S7: a tombstone's full slots still map to SWA slots")
+        fail("S7: a tombstone's full slots still map to SWA slots")
     live_pages = pages(live_tree)
     tree_pages = np.concatenate([live_pages, pages(tomb_tree)])
     private_pages = [pages(p) for p in private]
@@ -140,7 +120,7 @@ def check_swa_invariants(tree: Any, live_reqs: Iterable[Any] = ()) -> dict[str, 
     swa = alloc.swa_slots_of(mapped_from * page_size)
     if (swa == 0).any():
         bad = mapped_from[swa == 0][:10].tolist()
-        _fail(f"S7: full pages {bad} of live nodes or live requests map to no SWA slot")
+        fail(f"S7: full pages {bad} of live nodes or live requests map to no SWA slot")
     swa_free = np.asarray(alloc.free_swa_slot_ids(), SLOT_DTYPE)
     _exclusive(
         "SWA", {"free": pages(swa_free), "mapped": swa // page_size}, getattr(alloc, "num_swa_pages", None)
