@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
+from sim_slots import grow_kv_slots
 
 from cache import CachedReq, RadixCache
-from cache.keys import SLOT_DTYPE
 from cache.testing import CheckedAllocator
 
 
@@ -23,21 +22,13 @@ def extend_slots(cache: RadixCache, req: CachedReq, num_new: int, evict=None) ->
     """Give `req` slots for its next `num_new` positions: first the rest of its partial last page (its own),
     then fresh pages, evicting from the tree (`evict(num_slots)`, default `cache.evict`) when the pool is
     short. False (the request unchanged) if impossible."""
-    page_size, alloc = cache.page_size, cache.allocator
-    kv = req.kv_slots
-    in_page = min(-kv.shape[0] % page_size, num_new)
-    head = kv[-1] + 1 + np.arange(in_page, dtype=SLOT_DTYPE) if in_page else np.zeros(0, SLOT_DTYPE)
-    rest = num_new - in_page
-    fresh = np.zeros(0, SLOT_DTYPE)
-    if rest:
-        need = -(-rest // page_size) * page_size
+    alloc = cache.allocator
+
+    def make_room(need: int) -> None:
         if alloc.available_size() < need:
             (evict or cache.evict)(need - alloc.available_size())
-        fresh = alloc.alloc(rest)
-        if fresh is None:
-            return False
-    req.kv_slots = np.concatenate([kv, head, fresh])
-    return True
+
+    return grow_kv_slots(req, num_new, alloc, make_room)
 
 
 @dataclass

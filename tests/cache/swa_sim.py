@@ -3,10 +3,9 @@ with slots allocated page by page from a `CheckedSWAAllocator`. Not a test modul
 
 from __future__ import annotations
 
-import numpy as np
+from sim_slots import grow_kv_slots
 
 from cache import CachedReq, SWARadixCache
-from cache.keys import SLOT_DTYPE
 from cache.testing import CheckedSWAAllocator
 
 WORDS = list(range(100, 109))  # "You are a helpful , respectful and honest assistant" (Appendix A)
@@ -25,23 +24,15 @@ def extend_slots(tree: SWARadixCache, req: CachedReq, num_new: int) -> bool:
     """Give `req` slots for its next `num_new` positions: first the rest of its partial last page (its own,
     SWA already mapped page-wise), then fresh pages, evicting from the tree (both pools) when short.
     False (nothing changed) if the pools cannot supply them."""
-    page_size, alloc = tree.page_size, tree.allocator
-    kv = req.kv_slots
-    in_page = min(-kv.shape[0] % page_size, num_new)
-    head = kv[-1] + 1 + np.arange(in_page, dtype=SLOT_DTYPE) if in_page else np.zeros(0, SLOT_DTYPE)
-    rest = num_new - in_page
-    fresh = np.zeros(0, SLOT_DTYPE)
-    if rest:
-        need = -(-rest // page_size) * page_size
+    alloc = tree.allocator
+
+    def make_room(need: int) -> None:
         full_short = need - alloc.full_available_size()
         swa_short = need - alloc.swa_available_size()
         if full_short > 0 or swa_short > 0:
             tree.evict(max(full_short, 0), max(swa_short, 0))
-        fresh = alloc.alloc(rest)
-        if fresh is None:
-            return False
-    req.kv_slots = np.concatenate([kv, head, fresh])
-    return True
+
+    return grow_kv_slots(req, num_new, alloc, make_room)
 
 
 def run_request(
@@ -62,3 +53,18 @@ def run_request(
     assert extend_slots(tree, req, num_kv - req.kv_slots.shape[0])
     tree.cache_finished_req(req, prompt + output)
     return admitted
+
+
+def serve_nine_prompts(tree: SWARadixCache) -> list[int]:
+    """Appendix A: serve "You", "You are", ... (WORDS[:k], k = 1..9), each followed by XXX and decoded to
+    OUTPUT, one after the other. Returns the admission matches."""
+    return [run_request(tree, [*WORDS[:k], XXX]) for k in range(1, 10)]
+
+
+def serve_and_touch_long_prompt(tree: SWARadixCache) -> list[int]:
+    """Serve the whole sentence plus [1..6] as one more request, then touch it by a match (so the leaf
+    [900, 901] is split off, and the sentence's path is the most recent). Returns that prompt."""
+    longp = [*WORDS, 1, 2, 3, 4, 5, 6]
+    run_request(tree, longp)
+    tree.match_prefix(longp)
+    return longp

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from swa_sim import OUTPUT, WORDS, XXX, make_swa, run_request
+from swa_sim import OUTPUT, WORDS, make_swa, run_request, serve_and_touch_long_prompt, serve_nine_prompts
 
 from cache import CachedReq
 
@@ -27,7 +27,7 @@ BUILD_ROWS = {
 def test_nine_prompt_tree_matches_sglang_numbers(page_size: int, eagle: bool) -> None:
     admits_ref, full_match_ref, admit_full_ref, tree_units = BUILD_ROWS[page_size, eagle]
     tree, alloc = make_swa(256, 128, window=4, page_size=page_size, eagle=eagle)
-    admits = [run_request(tree, [*WORDS[:k], XXX]) for k in range(1, 10)]
+    admits = serve_nine_prompts(tree)
     assert admits == admits_ref
     assert tree.match_prefix(WORDS).slots.shape[0] == full_match_ref
     req = CachedReq(last_node=tree.root)
@@ -72,11 +72,8 @@ def test_tombstone_runs_match_sglang_numbers(window: int, eagle: bool) -> None:
     plus the leaf [900, 901] split off by the touch (29 SWA slots), then the root-side "You" node becomes
     the only tombstone (30)."""
     tree, _ = make_swa(256, 128, window=window, eagle=eagle)
-    for k in range(1, 10):
-        run_request(tree, [*WORDS[:k], XXX])
-    longp = [*WORDS, 1, 2, 3, 4, 5, 6]
-    run_request(tree, longp)
-    tree.match_prefix(longp)
+    serve_nine_prompts(tree)
+    longp = serve_and_touch_long_prompt(tree)
     assert tree.evict(0, 30) == (29, 30)
     tombstones = [n for n in tree.iter_nodes() if n.tombstone]
     assert len(tombstones) == 1 and tombstones[0].parent is tree.root

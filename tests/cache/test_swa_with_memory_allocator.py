@@ -5,7 +5,7 @@ and the Appendix A numbers and the ownership checks hold the same."""
 from __future__ import annotations
 
 import pytest
-from swa_sim import WORDS, XXX, run_request
+from swa_sim import WORDS, run_request, serve_and_touch_long_prompt, serve_nine_prompts
 
 from cache import CachedReq, SWARadixCache
 
@@ -22,8 +22,7 @@ def make_tree(page_size: int, eagle: bool, window: int) -> SWARadixCache:
 @pytest.mark.parametrize(("page_size", "eagle", "tree_units"), [(1, False, 36), (1, True, 35), (4, True, 32)])
 def test_appendix_a_build_on_the_real_allocator(page_size: int, eagle: bool, tree_units: int) -> None:
     tree = make_tree(page_size, eagle, 4)
-    for k in range(1, 10):
-        run_request(tree, [*WORDS[:k], XXX])
+    serve_nine_prompts(tree)
     assert tree.check_invariants() == {
         "free": 256 - tree_units,
         "tree": tree_units,
@@ -35,11 +34,8 @@ def test_appendix_a_build_on_the_real_allocator(page_size: int, eagle: bool, tre
 @pytest.mark.parametrize("eagle", [False, True])
 def test_tombstones_and_locked_revival_on_the_real_allocator(eagle: bool) -> None:
     tree = make_tree(1, eagle, 8)
-    for k in range(1, 10):
-        run_request(tree, [*WORDS[:k], XXX])
-    longp = [*WORDS, 1, 2, 3, 4, 5, 6]
-    run_request(tree, longp)
-    tree.match_prefix(longp)
+    serve_nine_prompts(tree)
+    longp = serve_and_touch_long_prompt(tree)
     assert tree.evict(0, 30) == (29, 30)
     live = CachedReq(last_node=tree.root)
     assert tree.admit(live, [*longp, 7]) == len(longp) - eagle  # holds the tombstoned "You" by a full lock
