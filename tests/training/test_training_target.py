@@ -32,13 +32,25 @@ def test_dense_training_forward_equals_paged_serving_forward(saved):
         assert rel_error(np.asarray(aux[row]), ref_aux) <= 1e-5
 
 
-def test_window_and_sinks_matter_in_the_dense_forward(saved):
+def test_sliding_window_matters_in_the_dense_forward(saved):
     raw, model, _ = saved
     ids = jnp.asarray(np.random.default_rng(2).integers(0, 96, size=(1, SEQ_LEN)).astype(np.int32))
     base, _ = dense_forward(model, ids)
     no_window = tiny_model({**raw, "layer_types": ["full_attention"] * 4}, aux_layer_ids=(0, 1, 2))
     assert rel_error(np.asarray(dense_forward(no_window, ids)[0]), np.asarray(base)) > 1e-3
     assert WINDOW < SEQ_LEN
+
+
+def test_sinks_matter_in_the_dense_forward(saved):
+    from flax import nnx
+
+    _, model, _ = saved
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, 96, size=(1, SEQ_LEN)).astype(np.int32))
+    base, _ = dense_forward(model, ids)
+    shifted = nnx.clone(model)
+    for layer in shifted.layers:
+        layer.attn.sinks[...] = layer.attn.sinks[...] + 2.0
+    assert rel_error(np.asarray(dense_forward(shifted, ids)[0]), np.asarray(base)) > 1e-3
 
 
 def test_saved_checkpoint_round_trips_through_the_jaxserve_loader(saved):
