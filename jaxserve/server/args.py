@@ -121,6 +121,7 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
     ns = parser.parse_args(argv)
     try:
         engine_kwargs = engine_kwargs_from(vars(ns))
+        ServerArgs.from_kwargs(engine_kwargs)  # the engine's own range checks, reported as usage errors
     except ValueError as exc:
         if isinstance(exc, UnsupportedFlagError):
             raise
