@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from radix_sim import admit, make_cache, prefill
+from rejects import assert_rejected_unchanged
 
 from cache import (
     EvictLockedError,
@@ -52,12 +53,7 @@ def scratch(alloc, num_slots: int) -> np.ndarray:
 def assert_rejected(
     cache, exc: type[Exception], call: Callable[[], object], match: str | None = None
 ) -> None:
-    live = LIVE.get(id(cache), [])
-    before = snapshot(cache)
-    with pytest.raises(exc, match=match):
-        call()
-    assert snapshot(cache) == before
-    cache.check_invariants(live_reqs=live)
+    assert_rejected_unchanged(cache, snapshot, call, exc, match, LIVE.get(id(cache), []))
 
 
 LIVE: dict[int, list] = {}  # id(cache) -> live requests of `populated` trees

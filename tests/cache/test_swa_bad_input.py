@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from rejects import assert_rejected_unchanged
 from swa_sim import extend_slots, make_swa
 
 from cache import (
@@ -25,7 +26,8 @@ from cache import (
 from cache.testing import CheckedSWAAllocator
 
 
-def snapshot(tree: SWARadixCache, alloc: CheckedSWAAllocator) -> tuple:
+def snapshot(tree: SWARadixCache) -> tuple:
+    alloc = tree.allocator
     return (
         tree.pretty(max_units=64),
         list(tree.full_lru.owners_mru_first()),
@@ -58,12 +60,8 @@ def setup() -> tuple[SWARadixCache, CheckedSWAAllocator, CachedReq]:
 def unchanged(
     setup: tuple, call: Callable[[], object], error: type[Exception], match: str
 ) -> None:
-    tree, alloc, req = setup
-    before = snapshot(tree, alloc)
-    with pytest.raises(error, match=match):
-        call()
-    assert snapshot(tree, alloc) == before
-    tree.check_invariants([req])
+    tree, _, req = setup
+    assert_rejected_unchanged(tree, snapshot, call, error, match, [req])
 
 
 @pytest.mark.parametrize(
