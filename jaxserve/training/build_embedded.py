@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target-minutes", type=float, default=15.0)
     p.add_argument("--draft-minutes", type=float, default=8.0)
     p.add_argument("--resume-target", action="store_true", help="continue training <work>/target")
+    p.add_argument("--target-args", default="", help="extra flags for jaxserve.training.target")
+    p.add_argument("--draft-args", default="", help="extra flags for jaxserve.training.draft")
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--out", default=str(export.EMBEDDED_DIR))
     args = p.parse_args(argv)
@@ -48,10 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     resume = ["--init-from", paths["target"], "--warmup", "20"] if args.resume_target else []
     stage("target", target_done, lambda: target.main(
         ["--corpus", paths["corpus"], "--tokenizer", paths["tokenizer"], "--out", paths["target"],
-         "--minutes", str(args.target_minutes), *resume]))
+         "--minutes", str(args.target_minutes), *resume, *shlex.split(args.target_args)]))
     stage("draft", (work / "draft" / "training.json").exists() and not args.resume_target, lambda: draft.main(
         ["--target", paths["target"], "--tokenizer", paths["tokenizer"], "--corpus", paths["corpus"],
-         "--out", paths["draft"], "--minutes", str(args.draft_minutes)]))
+         "--out", paths["draft"], "--minutes", str(args.draft_minutes), *shlex.split(args.draft_args)]))
     if not args.no_export:
         stage("export", False, lambda: export.main(
             ["--target", paths["target"], "--tokenizer", paths["tokenizer"], "--draft", paths["draft"],
