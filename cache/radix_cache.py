@@ -29,7 +29,6 @@ from cache.errors import EvictLockedError, LockError, ValueLengthError
 from cache.eviction import LeafHeap
 from cache.keys import (
     MAX_TOKEN_ID,
-    SLOT_DTYPE,
     TOKEN_DTYPE,
     RadixKey,
     as_token_array,
@@ -42,10 +41,7 @@ from cache.node_base import _TOKEN_BYTES, drop_all
 from cache.pretty import format_tree
 from cache.radix_invariants import check_radix_invariants
 from cache.radix_requests import RadixRequestOps
-from cache.slots import as_slot_array, check_slots
-
-_EMPTY_SLOTS = np.zeros(0, SLOT_DTYPE)
-_EMPTY_SLOTS.flags.writeable = False
+from cache.slots import EMPTY_SLOTS, as_slot_array, check_slots
 
 
 class RadixCache(RadixRequestOps):
@@ -71,7 +67,7 @@ class RadixCache(RadixRequestOps):
 
     def _clear(self) -> None:
         self._tick = 0
-        self.root = TreeNode(RadixKey(np.zeros(0, np.int64), self.eagle), _EMPTY_SLOTS, None, 0)
+        self.root = TreeNode(RadixKey(np.zeros(0, np.int64), self.eagle), EMPTY_SLOTS, None, 0)
         self.root.lock_ref = 1  # never evicted (G3); locks stop below it
         self._evictable_size = 0
         self._protected_size = 0
@@ -182,12 +178,12 @@ class RadixCache(RadixRequestOps):
         key, token_bytes = self._prepare(token_ids, extra_key)
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
-            return MatchResult(_EMPTY_SLOTS.copy(), self.root)
+            return MatchResult(EMPTY_SLOTS.copy(), self.root)
         node, _, values = self._walk(key, token_bytes, num_units)
         self._lru.push_if_evictable(node)
         self._lru.compact(self._num_nodes)
         if not values:
-            return MatchResult(_EMPTY_SLOTS.copy(), node)
+            return MatchResult(EMPTY_SLOTS.copy(), node)
         return MatchResult(np.concatenate(values) if len(values) > 1 else values[0].copy(), node)
 
     def insert(

@@ -9,6 +9,9 @@ import numpy as np
 from cache.errors import InvalidSlotsError, PageAlignmentError
 from cache.keys import SLOT_DTYPE
 
+EMPTY_SLOTS = np.zeros(0, SLOT_DTYPE)  # shared and read-only: a root's value; callers hand out copies
+EMPTY_SLOTS.flags.writeable = False
+
 
 def as_slot_array(slots: Sequence[int] | np.ndarray) -> np.ndarray:
     """Return `slots` as a 1-D int64 array (no copy when it already is one).

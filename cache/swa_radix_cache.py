@@ -41,20 +41,17 @@ import numpy as np
 
 from cache.allocator import SWASlotAllocator
 from cache.errors import ValueLengthError
-from cache.keys import SLOT_DTYPE, RadixKey, check_page_aligned, tree_key
+from cache.keys import RadixKey, check_page_aligned, tree_key
 from cache.lru_list import LRUList
 from cache.match import MatchResult, common_units
 from cache.node_base import _TOKEN_BYTES, child_key_of, drop_all
-from cache.slots import as_slot_array, check_slots
+from cache.slots import EMPTY_SLOTS, as_slot_array, check_slots
 from cache.swa_eviction import SWAEvictionOps
 from cache.swa_invariants import check_swa_invariants
 from cache.swa_locks import SWALockOps
 from cache.swa_node import SWANode
 from cache.swa_pretty import format_swa_tree
 from cache.swa_requests import SWARequestOps
-
-_EMPTY_SLOTS = np.zeros(0, SLOT_DTYPE)
-_EMPTY_SLOTS.flags.writeable = False
 
 
 class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
@@ -87,7 +84,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         self._clear()
 
     def _clear(self) -> None:
-        self.root = SWANode(RadixKey(np.zeros(0, np.int64), self.eagle), _EMPTY_SLOTS, None)
+        self.root = SWANode(RadixKey(np.zeros(0, np.int64), self.eagle), EMPTY_SLOTS, None)
         self.root.full_lock_ref = self.root.swa_lock_ref = 1  # never evicted (G3), in no LRU list
         self.full_lru = LRUList()  # every non-root node (S2)
         self.swa_lru = LRUList()  # every non-root live (non-tombstone) node (S3)
@@ -183,7 +180,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         key = self.make_key(token_ids, extra_key)
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
-            return MatchResult(_EMPTY_SLOTS.copy(), self.root)
+            return MatchResult(EMPTY_SLOTS.copy(), self.root)
         tokens = key.tokens[: num_units + self.eagle]
         token_bytes = tokens.tobytes()
         window = self.sliding_window
@@ -211,7 +208,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         if since >= window:
             best_len, best_node = len(values), node
         self._touch_path(best_node)
-        slots = np.concatenate(values[:best_len]) if best_len else _EMPTY_SLOTS.copy()
+        slots = np.concatenate(values[:best_len]) if best_len else EMPTY_SLOTS.copy()
         return MatchResult(slots, best_node)
 
     # ------------------------------------------------------------------ insert

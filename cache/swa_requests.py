@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cache.keys import SLOT_DTYPE, RadixKey
+from cache.keys import RadixKey
 from cache.request_ops import RequestOps
-
-_NO_SLOTS = np.zeros(0, SLOT_DTYPE)
-_NO_SLOTS.flags.writeable = False
+from cache.slots import EMPTY_SLOTS
 
 
 class SWARequestOps(RequestOps):
@@ -40,4 +38,4 @@ class SWARequestOps(RequestOps):
         """Insert with `prev_prefix_len = owned`: the tree frees the duplicates and revives tombstones, so
         nothing is left to free, and every position in `[owned, len(kv))` may now hold a different slot."""
         self.insert(key, kv, prev_prefix_len=owned)
-        return _NO_SLOTS, kv.shape[0]
+        return EMPTY_SLOTS, kv.shape[0]
