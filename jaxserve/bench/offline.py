@@ -14,6 +14,8 @@ on/off ratios. For (b) the expected cut in computed prompt tokens is the shared 
 `prefix_len / (prefix_len + suffix_len)`, at best (N - 1) / N of it as the first request computes the
 prefix once (the overlap schedule admits the next arrivals one step before the first prompt reaches the
 tree, so one more computes it); the run checks the cut is within 5 points of the share.
+(c) overlap: decode-heavy traffic (max_running_requests prompts, 4x the output length) with the overlap
+schedule on vs off, cache on: tokens/s ratio and host vs device-wait milliseconds per step.
 """
 
 from __future__ import annotations
@@ -72,6 +74,30 @@ def run_pair(engines: dict[str, Engine], batch: list[list[int]], output_len: int
     return {name: sorted(p, key=lambda r: r["wall_s"])[len(p) // 2] for name, p in passes.items()}
 
 
+def overlap_report(model, args, buckets: Buckets, max_tokens: int) -> dict:
+    """(c) decode-heavy traffic with the overlap schedule on vs off (`disable_overlap_schedule`): tokens/s,
+    and per step the host time (schedule + build + apply) and the time blocked reading the device."""
+    rng = np.random.RandomState(args.seed + 1)
+    num = args.max_running_requests
+    batch = [rng.randint(0, VOCAB, size=args.prompt_len // 2).tolist() for _ in range(num)]
+    engines = {mode: Engine(model=model, page_size=args.page_size, max_total_tokens=max_tokens,
+                            chunked_prefill_size=args.chunked_prefill_size,
+                            max_running_requests=args.max_running_requests, buckets=buckets,
+                            disable_overlap_schedule=mode == "sync") for mode in ("overlap", "sync")}
+    for engine in engines.values():
+        timed_pass(engine, batch, 4 * args.output_len)  # compiles; the per-step times below exclude it
+        engine.stats.update(steps=0, host_s=0.0, device_wait_s=0.0)
+    best = run_pair(engines, batch, 4 * args.output_len, args.repeats)
+    row = {f"tokens_per_s_{mode}": r["tokens_per_s"] for mode, r in best.items()}
+    row["throughput_ratio_overlap_sync"] = row["tokens_per_s_overlap"] / row["tokens_per_s_sync"]
+    for mode, engine in engines.items():
+        steps = max(engine.stats["steps"], 1)
+        row[f"host_ms_per_step_{mode}"] = 1e3 * engine.stats["host_s"] / steps
+        row[f"device_wait_ms_per_step_{mode}"] = 1e3 * engine.stats["device_wait_s"] / steps
+    row["same_outputs"] = best["overlap"]["outputs"] == best["sync"]["outputs"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=64)
@@ -117,13 +143,14 @@ def main(argv: list[str] | None = None) -> dict:
             row["ideal_cut"] = row["shared_share"] * (len(batch) - 1) / len(batch)
             row["cut_within_5_points"] = abs(row["computed_cut"] - row["shared_share"]) <= 0.05
         report[name] = row
+    report["overlap"] = overlap_report(model, args, buckets, max_tokens)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         for name, row in report.items():
             print(f"[{name}]")
             for key, value in row.items():
-                print(f"  {key:28s} {value:.3f}" if isinstance(value, float) else f"  {key:28s} {value}")
+                print(f"  {key:32s} {value:.3f}" if isinstance(value, float) else f"  {key:32s} {value}")
     return report
 
 
