@@ -1,4 +1,5 @@
-"""Checks both trees' `check_invariants` share: one node's structure, brute force, raising InvariantError.
+"""Checks both trees' `check_invariants` share: one node's structure, and a live request's view of its locked
+path; brute force, raising InvariantError.
 
 Lock counts, accounting and ownership differ between the trees and stay in `cache.radix_invariants` and
 `cache.swa_invariants`.
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+import numpy as np
+
 from cache.errors import CacheError, InvariantError
+from cache.keys import SLOT_DTYPE
 from cache.slots import check_slots
 
 
@@ -45,3 +49,12 @@ def check_continues_parent(tree: Any, node: Any) -> None:
         fail(f"{node!r}: namespace differs from its parent's")
     if tree.eagle and parent.key.tokens[-1] != node.key.tokens[0]:
         fail(f"{node!r}: bigram key does not continue its parent's last token")
+
+
+def check_req_path(req: Any, path: list[Any]) -> None:
+    """A live request's `kv_slots[:last_matched_prefix_len]` are exactly the slots on `path` (the root path of
+    its `last_node`)."""
+    num_tree = req.last_matched_prefix_len
+    path_slots = np.concatenate([n.value for n in path]) if path else np.zeros(0, SLOT_DTYPE)
+    if path_slots.shape[0] != num_tree or not np.array_equal(path_slots, req.kv_slots[:num_tree]):
+        fail(f"request {req!r}: kv_slots[:{num_tree}] are not the tree's slots on its locked path")

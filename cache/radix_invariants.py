@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from cache.errors import CacheError
-from cache.invariant_checks import check_continues_parent, check_node_shape, fail
+from cache.invariant_checks import check_continues_parent, check_node_shape, check_req_path, fail
 from cache.keys import SLOT_DTYPE
 
 
@@ -64,9 +64,7 @@ def check_radix_invariants(cache: Any, live_reqs: Iterable[Any] = ()) -> dict[st
             path = cache._path(req.last_node) if req.last_node is not cache.root else []
         except CacheError as exc:
             fail(f"request {req!r}: its last_node is not in the tree ({exc})")
-        path_slots = np.concatenate([n.value for n in path]) if path else np.zeros(0, SLOT_DTYPE)
-        if path_slots.shape[0] != num_tree or not np.array_equal(path_slots, req.kv_slots[:num_tree]):
-            fail(f"request {req!r}: kv_slots[:{num_tree}] are not the tree's slots on its locked path")
+        check_req_path(req, path)
         locks.update(path)
         private.append(np.unique(_pages(np.asarray(req.kv_slots[num_tree:], SLOT_DTYPE), page_size)))
     for node, count in locks.items():

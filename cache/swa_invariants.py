@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cache.invariant_checks import check_continues_parent, check_node_shape, fail
+from cache.invariant_checks import check_continues_parent, check_node_shape, check_req_path, fail
 from cache.keys import SLOT_DTYPE
 
 _NONE = np.zeros(0, SLOT_DTYPE)
@@ -67,9 +67,7 @@ def _check_requests(tree: Any, live_reqs: Iterable[Any]) -> list[np.ndarray]:
     for req in live_reqs:
         num_tree = req.last_matched_prefix_len
         path = tree._path(req.last_node) if req.last_node is not tree.root else []
-        path_slots = np.concatenate([n.value for n in path]) if path else _NONE
-        if path_slots.shape[0] != num_tree or not np.array_equal(path_slots, req.kv_slots[:num_tree]):
-            fail(f"request {req!r}: kv_slots[:{num_tree}] are not the tree's slots on its locked path")
+        check_req_path(req, path)
         full_locks.update(path)
         swa_locks.update(path[len(path) - tree._swa_lock_span(path) :])
         private.append(np.asarray(req.kv_slots[num_tree:], SLOT_DTYPE))
