@@ -69,3 +69,18 @@ def test_transformers_loads_the_saved_checkpoint_with_the_same_logits(saved):
     ids = np.random.default_rng(3).integers(0, 96, size=SEQ_LEN).astype(np.int32)
     ours = np.asarray(dense_forward(model, jnp.asarray(ids[None]))[0][0])
     assert rel_error(ours, hf_logits(hf, ids)) <= 1e-4
+
+
+def test_batched_generation_equals_step_by_step_dense_greedy(saved):
+    from jaxserve.training.generate import continue_prompts
+
+    _, model, _ = saved
+    rng = np.random.default_rng(4)
+    prompts = rng.integers(0, 96, size=(3, 5)).astype(np.int32)
+    out = continue_prompts(model, prompts, 20, np.zeros(3), rng)  # 25 tokens > the window of 4
+    np.testing.assert_array_equal(out[:, :5], prompts)
+    seqs = prompts.copy()
+    for _ in range(20):
+        logits, _ = dense_forward(model, jnp.asarray(seqs))
+        seqs = np.concatenate([seqs, np.asarray(logits[:, -1]).argmax(-1)[:, None].astype(np.int32)], axis=1)
+    np.testing.assert_array_equal(out, seqs)
