@@ -1,2 +1,2 @@
-"""EAGLE-3 speculative decoding: the draft head (`eagle3_draft`), its checkpoint format
-(`eagle3_checkpoint`) and draft vocabulary (`vocab_map`)."""
+"""EAGLE-3 speculative decoding: the draft head (`eagle3_draft`), its configuration (`eagle3_config`),
+checkpoint format (`eagle3_checkpoint`) and draft vocabulary (`vocab_map`)."""
