@@ -4,8 +4,9 @@ Behaviour follows SGLang 0.5.3.post1's `RadixCache` (reference doc §5-§9): `ma
 refreshes LRU stamps, `insert` returns how much of the key was already cached (the caller owns those duplicate
 slots), eviction removes least-recently-used unlocked leaves and cascades to parents that become leaves, and
 `inc_lock_ref` / `dec_lock_ref` move whole root paths between the evictable and protected counts. The
-request-level operations (`admit`, `cache_unfinished_req`, `cache_finished_req`, `release_req`) live in
-`cache.radix_requests` and are correct where SGLang is not (§23, see there).
+request-level operations (`admit`, `cache_unfinished_req`, `cache_finished_req`, `release_req`) are shared
+with the SWA tree (`cache.request_ops`); this tree's part is in `cache.radix_requests`, correct where SGLang
+is not (§23, see there).
 
 Units: all lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (then a key of `n` tokens has
 `n - 1` units, each holding the slot of its first token). Slots are full-attention slot ids (int64). With

@@ -13,7 +13,8 @@ the descendants on a touched path (SWA eviction tombstones root-side nodes first
 duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps. This file holds the data
 model, match, insert and split; swa_uuid locks are in `cache.swa_locks`, the two-phase
 `evict(full_num_tokens, swa_num_tokens)` in `cache.swa_eviction`, the request-level operations in
-`cache.swa_requests`, and `check_invariants` in `cache.swa_invariants`.
+`cache.request_ops` (shared with the plain tree; this tree's part in `cache.swa_requests`), and
+`check_invariants` in `cache.swa_invariants`.
 
 Units: lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (a key of `n` tokens has `n - 1`
 units, unit `i` holding the slot of token `i`). Slots are *full* slot ids; `page_size = P > 1` makes every
