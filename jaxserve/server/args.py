@@ -41,6 +41,7 @@ class LaunchArgs:
     api_key: str | None
     served_model_name: str | None
     engine_kwargs: dict[str, Any]
+    log_level: str = "warning"
 
 
 # (flag, type, help). Engine flags map to the ServerArgs field of the same name (dashes -> underscores).
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=None, help=f"port (default {DEFAULT_PORT}; 0: any)")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every route but /health")
     parser.add_argument("--served-model-name", help="model name in /v1 responses (default: the path)")
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                        help="uvicorn's log level (info adds an access log line per request)")
     group = parser.add_argument_group("engine (jaxserve.engine.ServerArgs)")
     for flag, kind, text in _ENGINE_FLAGS:
         group.add_argument(flag, type=kind, default=None, help=text)
@@ -128,7 +131,8 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
         parser.error(str(exc))
     return LaunchArgs(model_path=ns.model_path, tokenizer_path=ns.tokenizer_path,
                       host=ns.host or DEFAULT_HOST, port=DEFAULT_PORT if ns.port is None else ns.port,
-                      api_key=ns.api_key, served_model_name=ns.served_model_name, engine_kwargs=engine_kwargs)
+                      api_key=ns.api_key, served_model_name=ns.served_model_name, engine_kwargs=engine_kwargs,
+                      log_level=ns.log_level)
 
 
 def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:

@@ -129,8 +129,8 @@ class EngineLoop:
             self._fail_all(exc)
             raise
         finally:
-            for rid in list(self._live):
-                if rid in engine._requests:
+            if self.error is None:  # orderly stop: abort what is left (a failed engine is not touched)
+                for rid in list(self._live):
                     self._abort(engine, rid)
 
     def _drain(self, block: bool) -> None:

@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = sock.getsockname()[1]
     app = create_app(engine, served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
                      api_key=args.api_key, launch_info={"host": args.host, "port": port})
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                            access_log=False)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                            access_log=args.log_level in ("debug", "info"))
     asyncio.run(_serve(_make_server(config), sock, banner(args.host, port, args.api_key)))
     return 0

@@ -78,8 +78,11 @@ def test_disconnected_streams_are_aborted_and_free_their_kv(server, client):
         with httpx.Client(base_url=server.url, timeout=60) as c, \
                 c.stream("POST", "/generate", json={"input_ids": [i + 1] * 12, "sampling_params": LONG,
                                                     "stream": True}) as r:
-            first = next(line for line in r.iter_lines() if line.startswith("data: "))
+            lines = r.iter_lines()  # kept referenced: a discarded iterator would close the response
+            first = next(line for line in lines if line.startswith("data: "))
             assert '"completion_tokens": 1' in first
+            busy = client.post("/flush_cache")  # a request is running: refused, nothing changes
+            assert busy.status_code == 409 and "running" in busy.json()["message"]
         # leaving the block closes the connection after one chunk of 240
     assert wait_aborted(client, aborted + 4) == aborted + 4
     assert_kv_baseline(client)
