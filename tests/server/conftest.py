@@ -97,6 +97,13 @@ def client(server):
 
 
 @pytest.fixture(scope="session")
+def facts(client) -> dict:
+    """The served model's vocab_size and context_length (tests derive lengths and ids from them)."""
+    info = client.get("/get_server_info").json()
+    return {"vocab_size": info["vocab_size"], "context_length": info["context_length"]}
+
+
+@pytest.fixture(scope="session")
 def reference(model_dir):
     """In-process Engine with the server's settings: `reference.generate(prompt_or_ids, n)` -> greedy
     (text, output_ids)."""
@@ -105,7 +112,7 @@ def reference(model_dir):
     engine = Engine(model_path=str(model_dir), **ENGINE_FLAGS)
 
     class Reference:
-        tokenizer = engine.tokenizer
+        tokenizer = engine.tokenizer  # HFTokenizer: encode, bos_token, eos_token
 
         @staticmethod
         def generate(prompt, max_new_tokens: int, **params) -> tuple[str, list[int]]:

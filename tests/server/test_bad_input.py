@@ -9,7 +9,9 @@ import pytest
 from tests.server.conftest import assert_kv_baseline
 
 GREEDY = {"temperature": 0, "max_new_tokens": 2}
-# (case id, method, path, body (dict = JSON, bytes = raw), expected status, substring of the message)
+# (case id, method, path, body, expected status, substring of the message). A body is JSON (dict), raw bytes,
+# or a function of the model's facts (vocab_size V, context_length C) returning either; messages may name
+# {V} and {C}.
 CASES = [
     ("malformed-json", "POST", "/generate", b'{"text": "hi",', 400, "malformed JSON"),
     ("body-not-object", "POST", "/generate", b"[1, 2]", 400, "invalid request"),
@@ -26,8 +28,10 @@ CASES = [
     ("empty-text", "POST", "/generate", {"text": ""}, 400, "empty"),
     ("empty-ids", "POST", "/generate", {"input_ids": []}, 400, "empty"),
     ("empty-batch", "POST", "/generate", {"text": []}, 400, "empty"),
-    ("over-long-prompt", "POST", "/generate", {"input_ids": [7] * 300}, 400, "context length is 256"),
-    ("over-long-text", "POST", "/generate", {"text": "hello " * 5000}, 400, "context length is 256"),
+    ("over-long-prompt", "POST", "/generate", lambda f: {"input_ids": [7] * (f["context_length"] + 40)}, 400,
+     "context length is {C}"),
+    ("over-long-text", "POST", "/generate", lambda f: {"text": "hello " * (f["context_length"] + 40)}, 400,
+     "context length is {C}"),
     ("negative-temperature", "POST", "/generate", {"text": "hi", "sampling_params": {"temperature": -1}}, 400,
      "temperature"),
     ("top-p-zero", "POST", "/generate", {"text": "hi", "sampling_params": {"top_p": 0}}, 400, "top_p"),
@@ -39,11 +43,14 @@ CASES = [
     ("empty-stop", "POST", "/generate", {"text": "hi", "sampling_params": {"stop": [""]}}, 400, "stop"),
     ("n-2", "POST", "/generate", {"text": "hi", "sampling_params": {"n": 2}}, 400, "n=2"),
     ("stop-id-outside-vocab", "POST", "/generate",
-     {"text": "hi", "sampling_params": {"stop_token_ids": [999]}}, 400, "stop_token_ids"),
+     lambda f: {"text": "hi", "sampling_params": {"stop_token_ids": [f["vocab_size"]]}}, 400,
+     "stop_token_ids"),
     ("token-id-negative", "POST", "/generate", {"input_ids": [1, -1]}, 400, "outside the vocabulary"),
-    ("token-id-too-large", "POST", "/generate", {"input_ids": [1, 512]}, 400, "outside the vocabulary"),
+    ("token-id-too-large", "POST", "/generate", lambda f: {"input_ids": [1, f["vocab_size"]]}, 400,
+     "outside the vocabulary [0, {V})"),
     ("token-id-huge", "POST", "/generate", {"input_ids": [10**20]}, 400, "input_ids"),
-    ("batch-one-bad", "POST", "/generate", {"input_ids": [[1, 2], [3, 999]], "sampling_params": GREEDY}, 400,
+    ("batch-one-bad", "POST", "/generate",
+     lambda f: {"input_ids": [[1, 2], [3, f["vocab_size"] + 7]], "sampling_params": GREEDY}, 400,
      "outside the vocabulary"),
     ("stream-batch", "POST", "/generate", {"text": ["a", "b"], "stream": True}, 400, "single prompt"),
     ("stream-bad-params", "POST", "/generate",
@@ -64,8 +71,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_request_gets_clear_4xx_and_server_survives(client, case):
+def test_bad_request_gets_clear_4xx_and_server_survives(client, facts, case):
     _, method, path, body, status, message = case
+    body = body(facts) if callable(body) else body
+    message = message.replace("{V}", str(facts["vocab_size"])).replace("{C}", str(facts["context_length"]))
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
     r = client.request(method, path, **kwargs, headers={"Content-Type": "application/json"})
     assert r.status_code == status, r.text
@@ -76,12 +85,13 @@ def test_bad_request_gets_clear_4xx_and_server_survives(client, case):
     assert_kv_baseline(client)
 
 
-def test_huge_max_new_tokens_is_capped_to_the_context(client):
-    r = client.post("/generate", json={"input_ids": [3] * 200, "sampling_params": {
+def test_huge_max_new_tokens_is_capped_to_the_context(client, facts):
+    prompt_len = facts["context_length"] - 50
+    r = client.post("/generate", json={"input_ids": [3] * prompt_len, "sampling_params": {
         "temperature": 0, "max_new_tokens": 10**12, "ignore_eos": True}})
     assert r.status_code == 200, r.text
     meta = r.json()["meta_info"]
-    assert meta["completion_tokens"] == 256 - 200 and meta["finish_reason"]["type"] == "length"
+    assert meta["completion_tokens"] == 50 and meta["finish_reason"]["type"] == "length"
     assert_kv_baseline(client)
 
 

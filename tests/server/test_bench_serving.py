@@ -25,7 +25,7 @@ def test_datasets_are_deterministic_and_shaped_as_asked():
 
 
 @pytest.mark.parametrize("dataset", ["random", "generated-shared-prefix"])
-def test_bench_serving_end_to_end(server, client, tmp_path, dataset, capsys):
+def test_bench_serving_end_to_end(server, client, facts, tmp_path, dataset, capsys):
     client.post("/flush_cache")
     port = server.url.rsplit(":", 1)[1]
     out = tmp_path / "bench.json"
@@ -42,7 +42,7 @@ def test_bench_serving_end_to_end(server, client, tmp_path, dataset, capsys):
     assert "Serving Benchmark Result" in capsys.readouterr().out
     record = json.loads(out.read_text())
     summary, requests = record["summary"], record["requests"]
-    expected = bench_serving.make_requests(bench_serving.build_parser().parse_args(argv), 512)
+    expected = bench_serving.make_requests(bench_serving.build_parser().parse_args(argv), facts["vocab_size"])
     assert summary["completed"] == len(expected) and summary["failed"] == 0
     assert [r["output_len"] for r in requests] == [r.output_len for r in expected]  # ignore_eos: exact
     assert [r["prompt_len"] for r in requests] == [r.prompt_len for r in expected]

@@ -23,10 +23,11 @@ def scrape(client: httpx.Client) -> dict[str, float]:
             if not s.name.endswith("_bucket")}
 
 
-def test_64_concurrent_requests_all_correct_then_metrics_and_kv_baseline(server, client, reference):
+def test_64_concurrent_requests_all_correct_then_metrics_and_kv_baseline(server, client, reference, facts):
     rng = np.random.RandomState(7)
-    shared = rng.randint(1, 512, size=32).tolist()  # half the prompts share a 32-token prefix
-    prompts = [(shared if i % 2 else []) + rng.randint(1, 512, size=rng.randint(3, 40)).tolist()
+    vocab = facts["vocab_size"]
+    shared = rng.randint(1, vocab, size=32).tolist()  # half the prompts share a 32-token prefix
+    prompts = [(shared if i % 2 else []) + rng.randint(1, vocab, size=rng.randint(3, 40)).tolist()
                for i in range(NUM_REQUESTS)]
     lengths = rng.randint(1, 12, size=NUM_REQUESTS).tolist()
     before = scrape(client)

@@ -3,11 +3,12 @@ in-process Engine's greedy output for the same prompt (chat: the checkpoint's te
 
 from __future__ import annotations
 
+import datetime
+import json
+
 import jinja2
 import openai
 import pytest
-
-from tests.server.checkpoint import CHAT_TEMPLATE
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Hello server!"}]
@@ -18,8 +19,15 @@ def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def chat_ids(reference) -> list[int]:
-    text = jinja2.Template(CHAT_TEMPLATE).render(messages=MESSAGES, add_generation_prompt=True)
+def chat_ids(reference, model_dir) -> list[int]:
+    """The prompt the server should build: tokenizer_config.json's template rendered here with plain jinja2
+    (HF's settings), tokenized without added special tokens."""
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    text = env.from_string(config["chat_template"]).render(
+        messages=MESSAGES, add_generation_prompt=True, bos_token=reference.tokenizer.bos_token or "",
+        eos_token=reference.tokenizer.eos_token or "")
     return reference.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -42,21 +50,22 @@ def test_completions_stream(oai, reference):
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
 
 
-def test_chat(oai, reference):
+def test_chat(oai, reference, model_dir):
     out = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=10, temperature=0)
-    text, ids = reference.generate(chat_ids(reference), 10)
+    text, ids = reference.generate(chat_ids(reference, model_dir), 10)
     assert out.object == "chat.completion"
     assert out.choices[0].message.role == "assistant" and out.choices[0].message.content == text
-    assert out.usage.prompt_tokens == len(chat_ids(reference)) and out.usage.completion_tokens == len(ids)
+    assert out.usage.prompt_tokens == len(chat_ids(reference, model_dir))
+    assert out.usage.completion_tokens == len(ids)
 
 
-def test_chat_stream_with_usage(oai, reference):
+def test_chat_stream_with_usage(oai, reference, model_dir):
     stream = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=10, temperature=0,
                                          stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    text, ids = reference.generate(chat_ids(reference), 10)
+    text, ids = reference.generate(chat_ids(reference, model_dir), 10)
     assert content == text
     assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
 
