@@ -43,10 +43,18 @@ def write_trained_tokenizer(directory: Path, *, chat_template: bool = True) -> N
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def write_tiny_checkpoint(directory: Path, *, chat_template: bool = True) -> Path:
-    """Random tiny Llama (vocab 512, context 256) + trained tokenizer in `directory`; returns it."""
-    make_hf_checkpoint(directory, "llama", seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=256,
-                       eos_token_id=None, bos_token_id=None)
+# Tiny gpt-oss: sliding window 8 on alternate layers, attention sinks, MoE (hybrid KV pools + SWA radix tree),
+# the architecture of the embedded default.
+GPT_OSS = dict(num_hidden_layers=3, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
+               intermediate_size=64, swiglu_limit=1.5)
+
+
+def write_tiny_checkpoint(directory: Path, *, model_type: str = "llama", chat_template: bool = True) -> Path:
+    """Random tiny `model_type` ("llama" or "gpt_oss"; vocab 512, context 256) + trained tokenizer in
+    `directory`; returns it."""
+    extra = GPT_OSS if model_type == "gpt_oss" else {}
+    make_hf_checkpoint(directory, model_type, seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=256,
+                       eos_token_id=None, bos_token_id=None, **extra)
     write_trained_tokenizer(directory, chat_template=chat_template)
     return directory
 
