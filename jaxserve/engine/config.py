@@ -27,6 +27,11 @@ class ServerArgs:
     stops on EOS / a stop string then computes one wasted token. random_seed: base of the seeds given to
     requests without one. warmup: compile every bucket shape at
     start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text.
+    speculative_algorithm: None, or "EAGLE3" (speculative decoding with an EAGLE-3 draft head, see
+    `jaxserve.speculative.worker`; the overlap schedule is off on that path). speculative_draft_model_path:
+    the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the
+    chain length). speculative_eagle_topk: branches per draft step (1 = chain). speculative_num_draft_tokens:
+    tokens verified per round including the last known token (None: num_steps + 1 for a chain).
     """
 
     model_path: str | None = None
@@ -43,6 +48,11 @@ class ServerArgs:
     warmup: bool = False
     skip_tokenizer_init: bool = False
     attention_backend: str = "native"
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int = 3
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         positive = ("page_size", "max_total_tokens", "chunked_prefill_size", "max_running_requests")
@@ -61,8 +71,30 @@ class ServerArgs:
             raise ValueError(f"context_length={self.context_length} must be >= 2")
         if not 0 < self.swa_full_tokens_ratio <= 1:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
+        if self.speculative_algorithm is not None:
+            self._check_speculative()
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={self.dtype!r}; choose auto, float32, bfloat16 or float16")
+
+    def _check_speculative(self) -> None:
+        if self.speculative_algorithm.upper() not in ("EAGLE3", "EAGLE"):
+            raise ValueError(f"speculative_algorithm={self.speculative_algorithm!r}; only EAGLE3 is "
+                             f"supported")
+        for name in ("speculative_num_steps", "speculative_eagle_topk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"server arg {name}={value!r} must be an int >= 1")
+        if self.speculative_eagle_topk != 1:
+            raise ValueError("speculative_eagle_topk > 1 (tree drafting) is not implemented yet; use 1")
+        chain = self.speculative_num_steps + 1
+        if self.speculative_num_draft_tokens not in (None, chain):
+            raise ValueError(f"speculative_num_draft_tokens={self.speculative_num_draft_tokens}: a chain "
+                             f"(topk=1) verifies num_steps + 1 = {chain} tokens")
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens verified per speculative round (the last known token + the drafts)."""
+        return self.speculative_num_draft_tokens or self.speculative_num_steps + 1
 
     @property
     def num_pages(self) -> int:

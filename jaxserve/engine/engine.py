@@ -42,6 +42,9 @@ from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import Buckets, build_step_input
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SeedSource
+from jaxserve.speculative.loading import check_speculative_params, load_draft
+from jaxserve.speculative.schedule import SpecScheduler
+from jaxserve.speculative.worker import EagleWorker
 
 
 class Engine:
@@ -54,10 +57,14 @@ class Engine:
     """
 
     def __init__(self, model_path: str | None = None, *, model: CausalLM | None = None, tokenizer=None,
-                 buckets: Buckets | None = None, **server_args: Any) -> None:
+                 buckets: Buckets | None = None, draft_model=None, **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs({"model_path": model_path, **server_args})
+        speculative = self.args.speculative_algorithm is not None
+        if speculative and draft_model is None:
+            draft_model = load_draft(self.args)
         if model is None:
-            model, tokenizer = load_model_and_tokenizer(self.args)
+            aux_ids = tuple(draft_model.config.aux_layer_ids) if speculative else ()
+            model, tokenizer = load_model_and_tokenizer(self.args, aux_hidden_state_layer_ids=aux_ids)
         self.model, self.tokenizer = model, tokenizer
         config = model.config
         self.vocab_size = int(config.vocab_size)
@@ -67,16 +74,21 @@ class Engine:
         swa_pages = max(1, int(args.num_pages * args.swa_full_tokens_ratio))
         self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
                           kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
-                          swa_num_pages=swa_pages)
-        max_pages = min(-(-self.context_length // args.page_size), args.num_pages)
+                          swa_num_pages=swa_pages, eagle=speculative)
+        extra = args.num_draft_tokens if speculative else 0  # a verify round runs past the last position
+        max_pages = min(-(-(self.context_length + extra) // args.page_size), args.num_pages)
         self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
                                                      max_seqs=args.max_running_requests, max_pages=max_pages)
         self.buckets.check_covers(max_tokens=args.chunked_prefill_size, max_seqs=args.max_running_requests,
                                   max_pages=max_pages)
         self.runner = ModelRunner(model, self.kv, self.buckets, args.max_running_requests)
-        self.scheduler = Scheduler(self.kv, max_tokens=args.chunked_prefill_size,
-                                   max_running=args.max_running_requests,
-                                   set_penalty_row=self.runner.set_penalty_row)
+        scheduler_cls = SpecScheduler if speculative else Scheduler
+        self.scheduler = scheduler_cls(self.kv, max_tokens=args.chunked_prefill_size,
+                                       max_running=args.max_running_requests,
+                                       set_penalty_row=self.runner.set_penalty_row)
+        self.spec = EagleWorker(model, draft_model, self.kv, self.scheduler, self.buckets,
+                                num_steps=args.speculative_num_steps,
+                                context_length=self.context_length) if speculative else None
         self._seeds = SeedSource(args.random_seed)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -98,8 +110,12 @@ class Engine:
 
     def _prepare(self, item: str | list[int], params: SamplingParams, index: int) -> tuple[np.ndarray,
                                                                                            SamplingParams]:
-        return prepare_request(item, params, index, tokenizer=self.tokenizer, vocab_size=self.vocab_size,
-                               context_length=self.context_length, kv=self.kv)
+        ids, params = prepare_request(item, params, index, tokenizer=self.tokenizer,
+                                      vocab_size=self.vocab_size, context_length=self.context_length,
+                                      kv=self.kv)
+        if self.spec is not None:
+            check_speculative_params(params, index)
+        return ids, params
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:
         rid = rid if rid is not None else f"req-{next(self._ids)}"
@@ -117,7 +133,10 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         """Stop a request wherever it is (queued, mid-prefill, mid-decode); its private KV is freed now."""
-        self.scheduler.abort(self.request(rid))
+        req = self.request(rid)
+        self.scheduler.abort(req)
+        if self.spec is not None:
+            self.spec.forget(req)
 
     def forget(self, rid: str) -> None:
         """Drop a finished or aborted request's record (its output); raises InvalidRequestError if live."""
@@ -143,6 +162,10 @@ class Engine:
 
         Overlap: step t+1 is built while step t runs; tokens step t sampled reach step t+1 on device. The
         host reads step t's ids only after dispatching t+1, so the device never waits for the host."""
+        if self.spec is not None:  # speculative steps are synchronous (no overlap)
+            finished = self.spec.step()
+            self.stats["steps"] += 1
+            return finished
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         inflight, self._inflight = self._inflight, None

@@ -25,10 +25,11 @@ from jaxserve.models.kv_layout import KVLayout
 
 class KVCache:
     """Pools + allocator facade + tree for a model. `num_pages` full pages (plus reserved page 0);
-    hybrid models get `swa_num_pages` SWA pages."""
+    hybrid models get `swa_num_pages` SWA pages. `eagle`: the tree keys bigrams (speculative decoding with
+    an EAGLE draft, whose KV at a position depends on the next token)."""
 
     def __init__(self, config: ModelConfig, *, num_pages: int, page_size: int, kv_dtype,
-                 disable_radix_cache: bool, swa_num_pages: int | None = None) -> None:
+                 disable_radix_cache: bool, swa_num_pages: int | None = None, eagle: bool = False) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.layout = KVLayout.from_config(config)
@@ -39,11 +40,12 @@ class KVCache:
             self.swa_num_pages = swa_num_pages or num_pages
             self.allocator = SWAAllocatorFacade(make_swa_allocator(num_pages, self.swa_num_pages, page_size))
             self.tree = SWARadixCache(self.allocator, sliding_window=int(config.sliding_window),
-                                      page_size=page_size, disabled=disable_radix_cache)
+                                      page_size=page_size, disabled=disable_radix_cache, eagle=eagle)
         else:
             self.swa_num_pages = None
             self.allocator = AllocatorFacade(make_allocator(num_pages, page_size))
-            self.tree = RadixCache(self.allocator, page_size=page_size, disabled=disable_radix_cache)
+            self.tree = RadixCache(self.allocator, page_size=page_size, disabled=disable_radix_cache,
+                                   eagle=eagle)
         self.pools = self.layout.make_pools(num_pages, page_size, kv_dtype, swa_num_pages=self.swa_num_pages)
 
     # ------------------------------------------------------------------ sizes

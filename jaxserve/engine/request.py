@@ -48,6 +48,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.perf_counter)
     finish_time: float | None = None
+    spec_accept_lengths: list[int] | None = None  # speculative decoding: drafts accepted per verify round
 
     @property
     def output_ids(self) -> list[int]:
@@ -94,9 +95,21 @@ class Request:
             "finish_reason": self.finish_reason(),
             "e2e_latency": end - self.arrival_time,
         }
+        if self.spec_accept_lengths is not None:
+            info.update(spec_metrics(len(self.stop.output_ids), self.spec_accept_lengths))
         if self.params.return_logprob:
             info["output_token_logprobs"] = list(zip(self.logprobs, self.stop.output_ids, strict=True))
         return info
+
+
+def spec_metrics(completion_tokens: int, accept_lengths: list[int]) -> dict:
+    """`spec_verify_ct` (verify rounds), `spec_accept_lengths` (drafts accepted in each), `spec_accept_length`
+    = completion tokens / verify rounds (SGLang's acc_length; the token sampled after prefill counts) and
+    `spec_accept_histogram[k]`: rounds that accepted k drafts."""
+    rounds = len(accept_lengths)
+    return {"spec_verify_ct": rounds, "spec_accept_lengths": list(accept_lengths),
+            "spec_accept_length": completion_tokens / rounds if rounds else float(completion_tokens),
+            "spec_accept_histogram": [int(c) for c in np.bincount(accept_lengths)] if rounds else []}
 
 
 def make_request(rid: str, prompt_ids: np.ndarray, params: SamplingParams, *, tree_root, seed: int,

@@ -1,0 +1,55 @@
+"""`SpecScheduler`: the engine's scheduler with prefill and speculative decode rounds kept apart.
+
+A speculative step is either a prefill step (prompt chunks of admitted or re-admitted requests, each followed
+by the draft's extend over the same positions) or a decode round over every decoding request (draft chain,
+verify, accept, draft extend: `jaxserve.speculative.worker`). `schedule_prefill` builds the former with the
+base scheduler's admission rules; decode rounds allocate their own slots. Retraction works as in the base
+scheduler: the newest running request gives its private KV back and is prefilled again later.
+"""
+
+from __future__ import annotations
+
+from jaxserve.engine.request import Request, Status
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.step_input import ScheduledSeq
+
+
+class SpecScheduler(Scheduler):
+    """`Scheduler` whose steps contain prefill chunks only; decoding requests are left to the worker."""
+
+    def schedule_prefill(self) -> list[ScheduledSeq]:
+        """Continuations of running prefills (oldest first), then admissions, within the token budget and the
+        pool; [] when nothing is to prefill (or nothing fits now)."""
+        batch: list[ScheduledSeq] = []
+        budget = self.max_tokens
+        for req in list(self.running):
+            if budget == 0 or req.status is not Status.RUNNING or req.num_remaining <= 1:
+                continue
+            num_tokens = min(req.num_remaining, budget)
+            while not self.kv.extend(req.cached, req.num_computed, req.num_computed + num_tokens):
+                victim = self.running[-1]
+                budget += self._retract(victim, batch)
+                if victim is req:
+                    break
+            else:
+                batch.append(self._commit(req, num_tokens))
+                budget -= num_tokens
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            seq = self._admit(self.waiting[0], budget)
+            if seq is None:
+                break
+            batch.append(seq)
+            budget -= seq.num_tokens
+        return batch
+
+    def decoding(self) -> list[Request]:
+        """Running requests whose next step is a decode round (every token but the last one has KV)."""
+        return [r for r in self.running if r.status is Status.RUNNING and r.num_remaining == 1]
+
+    def retract_newest(self) -> Request:
+        victim = self.running[-1]
+        self._retract(victim, [])
+        return victim
+
+    def finish(self, req: Request) -> None:
+        self._finish(req)

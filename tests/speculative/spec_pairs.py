@@ -1,0 +1,93 @@
+"""Tiny (target, EAGLE-3 draft) pairs for the speculative engine tests, and engine builders.
+
+Two kinds of draft:
+- `random_pair`: a random head (acceptance ~0): every round rejects, exercising the reject/free path.
+- `copy_pair`: a target with tied embeddings and mid-sized layer weights (its greedy output often repeats
+  the last token for a while, then jumps) and a hand-built head that predicts "the token of the captured
+  state again": fc passes the first captured state through, attention and MLP outputs are zeroed and the LM
+  head is the target's embedding matrix. Rounds then accept 0 .. S drafts, a realistic mix.
+Losslessness never depends on the draft's quality: the reference is always the plain engine's greedy output.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.engine import Engine
+from jaxserve.loader.load import load_model
+from jaxserve.speculative.eagle3_draft import Eagle3Config, Eagle3Draft, random_draft
+from tests.engine.conftest import GPT_OSS, small_buckets
+from tests.models.helpers import make_hf_checkpoint
+
+AUX = (0, 1, 2)
+HIDDEN = 64
+
+
+def draft_config(vocab: int = 256, draft_vocab: int | None = None) -> Eagle3Config:
+    return Eagle3Config.from_dict(dict(
+        architectures=["LlamaForCausalLMEagle3"], hidden_size=HIDDEN, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=vocab,
+        draft_vocab_size=draft_vocab, rms_norm_eps=1e-5, max_position_embeddings=512,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": list(AUX)}))
+
+
+def copy_draft(target) -> Eagle3Draft:
+    draft = random_draft(draft_config(), seed=0)
+    emb = target.embed.embed.embedding[...]
+    draft.fc.kernel[...] = jnp.concatenate([jnp.eye(HIDDEN), jnp.zeros((2 * HIDDEN, HIDDEN))], 0)
+    draft.lm_head.kernel[...] = emb.T
+    attn_out, mlp_out = draft.midlayer.self_attn.o_proj.kernel, draft.midlayer.mlp.down_proj.kernel
+    attn_out[...] = jnp.zeros_like(attn_out[...])
+    mlp_out[...] = jnp.zeros_like(mlp_out[...])
+    return draft
+
+
+@functools.cache
+def target(kind: str):
+    """'llama': 3-layer Llama, tied embeddings, init 0.1. 'gpt_oss': the engine tests' hybrid SWA gpt-oss
+    (window 8), 4 layers, tied embeddings."""
+    path = Path(tempfile.mkdtemp(prefix=f"spec_{kind}_"))
+    if kind == "llama":
+        make_hf_checkpoint(path, "llama", seed=0, num_hidden_layers=3, tie_word_embeddings=True,
+                           initializer_range=0.1)
+    else:
+        make_hf_checkpoint(path, "gpt_oss", seed=1, **{**GPT_OSS, "num_hidden_layers": 4},
+                           tie_word_embeddings=True, initializer_range=0.1)
+    return load_model(path, progress=False, aux_hidden_state_layer_ids=AUX)
+
+
+@functools.cache
+def draft(kind: str, which: str) -> Eagle3Draft:
+    if which == "copy":
+        return copy_draft(target(kind))
+    return random_draft(draft_config(draft_vocab=128), seed=3, vocab_map=_vocab_map())
+
+
+def _vocab_map():
+    from jaxserve.speculative.vocab_map import build_vocab_map
+
+    return build_vocab_map(np.random.default_rng(0).integers(0, 1000, 256), 128)
+
+
+def engine(kind: str, *, which: str | None = "copy", page_size: int = 1, max_total_tokens: int = 1024,
+           num_steps: int = 3, max_running: int = 8, chunk: int = 64, **kwargs) -> Engine:
+    """An engine over `target(kind)`; speculative with `draft(kind, which)` unless `which` is None."""
+    max_pages = min(-(-600 // page_size), max_total_tokens // page_size)
+    spec = {} if which is None else dict(draft_model=draft(kind, which), speculative_algorithm="EAGLE3",
+                                          speculative_num_steps=num_steps)
+    return Engine(model=target(kind), page_size=page_size, max_total_tokens=max_total_tokens,
+                  chunked_prefill_size=chunk, max_running_requests=max_running,
+                  buckets=small_buckets(max_tokens=chunk, max_seqs=max_running, max_pages=max_pages),
+                  **spec, **kwargs)
+
+
+def shared_prefix_prompts(seed: int, n: int = 6) -> list[list[int]]:
+    """Prompts in families: a common stem, then one to three diverging tails of random lengths."""
+    rng = np.random.RandomState(seed)
+    stems = [rng.randint(0, 256, size=rng.randint(4, 20)).tolist() for _ in range(3)]
+    return [stems[i % 3] + rng.randint(0, 256, size=rng.randint(1, 12)).tolist() for i in range(n)]

@@ -1,0 +1,82 @@
+"""Greedy speculative decoding (EAGLE-3 chain drafting) in the engine is lossless: its output equals the plain
+engine's greedy output token for token, with the radix cache on and off, at page sizes 1 and 16, for a
+full-attention (Llama) and a hybrid sliding-window (gpt-oss) target; and it leaks no KV."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.speculative import spec_pairs as sp
+
+GREEDY = {"temperature": 0}
+
+
+def _reference(kind: str, prompts, max_new: list[int]) -> list[list[int]]:
+    plain = sp.engine(kind, which=None, disable_radix_cache=True)
+    params = [{**GREEDY, "max_new_tokens": m} for m in max_new]
+    outs = plain.generate(input_ids=prompts, sampling_params=params)
+    return [o["output_ids"] for o in outs]
+
+
+def _run_in_waves(engine, prompts, max_new):
+    """First half, then second half (which then finds the first half's prefixes in the tree)."""
+    half = len(prompts) // 2
+    params = [{**GREEDY, "max_new_tokens": m} for m in max_new]
+    return engine.generate(input_ids=prompts[:half], sampling_params=params[:half]) + \
+        engine.generate(input_ids=prompts[half:], sampling_params=params[half:])
+
+
+CASES = [("llama", 1, False), ("llama", 1, True), ("llama", 16, False), ("llama", 16, True),
+         ("gpt_oss", 1, False), ("gpt_oss", 16, False)]
+
+
+@pytest.mark.parametrize(("kind", "page_size", "no_radix"), CASES)
+def test_greedy_output_equals_plain_greedy(kind, page_size, no_radix):
+    prompts = sp.shared_prefix_prompts(seed=page_size + 7 * no_radix, n=8)
+    max_new = [1, 2, 5, 9, 24, 17, 30, 3]
+    ref = _reference(kind, prompts, max_new)
+    engine = sp.engine(kind, page_size=page_size, disable_radix_cache=no_radix)
+    outs = _run_in_waves(engine, prompts, max_new)
+    assert [o["output_ids"] for o in outs] == ref
+    cached = sum(o["meta_info"]["cached_tokens"] for o in outs[4:])
+    assert (cached == 0) if no_radix else (cached > 0)
+    for out, m in zip(outs, max_new, strict=True):
+        info = out["meta_info"]
+        assert info["completion_tokens"] == len(out["output_ids"]) <= m
+        rounds = info["spec_verify_ct"]
+        assert rounds == len(info["spec_accept_lengths"]) == sum(info["spec_accept_histogram"])
+        # every round yields its accepted drafts + 1 token, except that the last may be cut by max_new_tokens
+        produced = 1 + sum(a + 1 for a in info["spec_accept_lengths"])
+        assert produced >= info["completion_tokens"] > produced - (engine.args.speculative_num_steps + 1)
+        assert info["spec_accept_length"] == pytest.approx(info["completion_tokens"] / max(rounds, 1))
+    engine.check_memory()
+    assert (engine.kv.tree_slots() == 0) if no_radix else (engine.kv.tree_slots() > 0)
+    engine.flush_cache()  # raises on a leak: every slot must be back once the tree is dropped
+
+
+def test_copy_draft_accepts_a_mix_and_random_draft_is_still_lossless():
+    prompts = sp.shared_prefix_prompts(seed=11, n=6)
+    max_new = [32] * 6
+    ref = _reference("llama", prompts, max_new)
+    for which in ("copy", "random"):
+        engine = sp.engine("llama", which=which)
+        outs = engine.generate(input_ids=prompts, sampling_params=[{**GREEDY, "max_new_tokens": 32}] * 6)
+        assert [o["output_ids"] for o in outs] == ref
+        accepted = np.concatenate([o["meta_info"]["spec_accept_lengths"] for o in outs])
+        if which == "copy":  # full rounds and rejections both occur, so both accept paths ran
+            assert (accepted == 3).any() and (accepted == 0).any() and engine.spec.acc_length > 1.3
+        else:
+            assert engine.spec.acc_length < 1.2
+        engine.flush_cache()
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 5])
+def test_chain_lengths(num_steps):
+    prompts = sp.shared_prefix_prompts(seed=3, n=4)
+    ref = _reference("llama", prompts, [20] * 4)
+    engine = sp.engine("llama", num_steps=num_steps)
+    outs = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 20})
+    assert [o["output_ids"] for o in outs] == ref
+    assert max(max(o["meta_info"]["spec_accept_lengths"]) for o in outs) <= num_steps
+    engine.flush_cache()
