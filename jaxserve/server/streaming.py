@@ -29,17 +29,21 @@ def _raise_if_error(item: Event | BaseException) -> Event:
 async def collect(loop: EngineLoop, rid: str, events: asyncio.Queue, request: Request | None) -> Event:
     """The final event of `rid`. If `request`'s client disconnects first, the request is aborted (its KV is
     freed) and asyncio.CancelledError is raised."""
+    clock = asyncio.get_running_loop()
+    next_check = clock.time() + DISCONNECT_POLL_S
     try:
         while True:
-            try:
-                item = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            try:  # events may arrive every step: the disconnect check must not wait for a quiet moment
+                item = await asyncio.wait_for(events.get(), max(0.0, next_check - clock.time()))
+                event = _raise_if_error(item)
+                if event.finished:
+                    return event
             except TimeoutError:
+                pass
+            if clock.time() >= next_check:
                 if request is not None and await request.is_disconnected():
-                    raise asyncio.CancelledError(f"client of {rid} disconnected") from None
-                continue
-            event = _raise_if_error(item)
-            if event.finished:
-                return event
+                    raise asyncio.CancelledError(f"client of {rid} disconnected")
+                next_check = clock.time() + DISCONNECT_POLL_S
     except BaseException:
         loop.abort(rid)
         raise
