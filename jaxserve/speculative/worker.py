@@ -65,8 +65,9 @@ def _make_fns(tgraph, dgraph, num_steps: int):
         out = sample(logits, sampling, None)
         ids = jnp.where(from_sample >= 0, out.token_ids[jnp.maximum(from_sample, 0)], next_ids)
         draft = draft_of(dparams)
-        dlogits, hidden, dpool = draft(ids, aux, meta, dpool, emb)
-        return pools, dpool, out, greedy(draft, dlogits), hidden[meta.sample_idx]
+        dlogits, hidden, dpool = draft(ids, aux, meta, dpool, emb, return_all_logits=True)
+        top1 = greedy(draft, dlogits)
+        return pools, dpool, out, top1[meta.sample_idx], hidden[meta.sample_idx], top1
 
     @functools.partial(jax.jit, donate_argnames=("dpool",))
     def draft_chain(dparams, dpool, emb, first, hidden, metas):
@@ -92,8 +93,9 @@ def _make_fns(tgraph, dgraph, num_steps: int):
     @functools.partial(jax.jit, donate_argnames=("dpool",))
     def draft_extend(dparams, dpool, emb, ids, aux, rows, meta):
         draft = draft_of(dparams)
-        logits, hidden, dpool = draft(ids, aux[rows], meta, dpool, emb)
-        return dpool, greedy(draft, logits), hidden[meta.sample_idx]
+        logits, hidden, dpool = draft(ids, aux[rows], meta, dpool, emb, return_all_logits=True)
+        top1 = greedy(draft, logits)
+        return dpool, top1[meta.sample_idx], hidden[meta.sample_idx], top1
 
     return prefill, draft_chain, verify, draft_extend
 
@@ -121,6 +123,9 @@ class EagleWorker:
         most_pages = min(kv.pages_for(context_length + self.num_verify), kv.num_pages)
         self.page_buckets = tuple(sorted({*buckets.pages, max(most_pages, max(buckets.pages))}))
         self.state: dict[Request, tuple[int, np.ndarray]] = {}  # next draft token, draft hidden state
+        # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
+        # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
+        self.slot_top1: np.ndarray | None = None
         self.stats = {"prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0}
 
     # ------------------------------------------------------------------ steps
@@ -145,11 +150,12 @@ class EagleWorker:
             if seq.samples:
                 from_sample[t + seq.num_tokens - 1] = row
             t += seq.num_tokens
-        self.kv.pools, self.dpool, out, first, hidden = self._prefill(
+        self.kv.pools, self.dpool, out, first, hidden, top1 = self._prefill(
             self.tparams, self.dparams, self.kv.pools, self.dpool, self.emb, inp.input_ids, next_ids,
             from_sample, inp.meta, inp.sampling)
         token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
         first, hidden = np.asarray(first), np.asarray(hidden)
+        self._record(inp.meta, t, top1)
         self.stats["prefill_steps"] += 1
         for row, seq in enumerate(batch):
             if seq.samples:
@@ -256,15 +262,24 @@ class EagleWorker:
         ids = np.zeros(meta.num_tokens, np.int32)
         rows = np.zeros(meta.num_tokens, np.int32)
         ids[: len(ext_ids)], rows[: len(ext_rows)] = ext_ids, ext_rows
-        self.dpool, first, hidden = self._draft_extend(self.dparams, self.dpool, self.emb, ids, aux, rows,
-                                                       meta)
+        self.dpool, first, hidden, top1 = self._draft_extend(self.dparams, self.dpool, self.emb, ids, aux,
+                                                             rows, meta)
         first, hidden = np.asarray(first), np.asarray(hidden)
+        self._record(meta, len(ext_ids), top1)
         for i, req in enumerate(reqs):
             self.state[req] = (int(first[i]), hidden[i])
         for req in finished:
             self.scheduler.finish(req)
             self.state.pop(req, None)
         return finished
+
+    def record_draft_top1(self) -> None:
+        """Start keeping `slot_top1` (costs a device-to-host copy of T ids per prefill / draft extend)."""
+        self.slot_top1 = np.full(self.dpool.data.shape[1], -1, np.int64)
+
+    def _record(self, meta, num_tokens: int, top1) -> None:
+        if self.slot_top1 is not None:
+            self.slot_top1[np.asarray(meta.write_slots)[:num_tokens]] = np.asarray(top1)[:num_tokens]
 
     # ------------------------------------------------------------------ bookkeeping
     def forget(self, req: Request) -> None:

@@ -1,0 +1,125 @@
+"""The seed scenario and its control, on the shipped (target, EAGLE-3 head) pair.
+
+Seed: prompts "You xxx", "You are xxx", ..., "You are a helpful, respectful and honest assistant xxx" (3 new
+tokens each) fill the prefix tree, then "You are a helpful, respectful and honest assistant." decodes 20
+tokens. With bigram keys, the cached prefix carries draft KV computed with the true next token, so the
+acc_length equals the one without the radix cache (and is > 1: the head is trained).
+
+Control (test-only switch: the tree rebuilt with token keys): each cached position's draft KV was written by
+the request that ended in the junk token there, so it was computed with the wrong next token. Over >= 30
+prompt families (growing prefixes ending in junk, then the full prompt) the draft's top-1 at the cached
+positions (its prediction two tokens on, recorded when the slot's draft KV was written) agrees less with the
+prompt, and the paired acc_length is lower, than with bigram keys.
+
+Runs against `jaxserve.assets.EMBEDDED_MODEL_DIR` (or the directory in JAXSERVE_SPEC_PAIR_DIR, with the head
+in its `draft/`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import string
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxserve.assets import EMBEDDED_MODEL_DIR
+from jaxserve.engine import Engine
+
+PAIR_DIR = Path(os.environ.get("JAXSERVE_SPEC_PAIR_DIR", EMBEDDED_MODEL_DIR))
+pytestmark = pytest.mark.skipif(not (PAIR_DIR / "draft" / "model.safetensors").exists(),
+                                reason=f"no shipped target + EAGLE-3 pair at {PAIR_DIR}")
+
+SEED = "You are a helpful, respectful and honest assistant"
+GREEDY = {"temperature": 0}
+
+
+def make_engine(**kwargs) -> Engine:
+    return Engine(model_path=str(PAIR_DIR), speculative_algorithm="EAGLE3",
+                  speculative_draft_model_path=str(PAIR_DIR / "draft"), speculative_num_steps=2,
+                  max_total_tokens=8192, chunked_prefill_size=1024, max_running_requests=32, **kwargs)
+
+
+def use_token_keys(engine: Engine) -> None:
+    """The control's switch: an empty tree that keys tokens, not bigrams (before any request)."""
+    from cache import RadixCache, SWARadixCache
+
+    kv = engine.kv
+    if kv.hybrid:
+        kv.tree = SWARadixCache(kv.allocator, sliding_window=kv.tree.sliding_window, page_size=kv.page_size)
+    else:
+        kv.tree = RadixCache(kv.allocator, page_size=kv.page_size)
+
+
+def test_seed_scenario_acc_length_same_with_and_without_radix_cache():
+    words = SEED.split()
+    acc = {}
+    for no_radix in (False, True):
+        engine = make_engine(disable_radix_cache=no_radix)
+        for k in range(1, len(words) + 1):
+            engine.generate(" ".join(words[:k]) + " xxx", {**GREEDY, "max_new_tokens": 3})
+        out = engine.generate(SEED + ".", {**GREEDY, "max_new_tokens": 20})
+        assert (out["meta_info"]["cached_tokens"] > 0) != no_radix
+        acc[no_radix] = (out["meta_info"]["spec_accept_length"], out["output_ids"])
+        engine.flush_cache()
+    print(f"seed scenario acc_length: radix {acc[False][0]:.3f}, no radix {acc[True][0]:.3f}")
+    assert acc[False][1] == acc[True][1]
+    assert acc[False][0] == acc[True][0] > 1
+
+
+def _families(tokenizer, count: int = 32, max_tokens: int = 14) -> list[list[int]]:
+    """First docstring lines of standard-library callables, as token ids (6 .. max_tokens tokens)."""
+    out = []
+    for module in (string, textwrap, inspect, os.path, np.lib.npyio if hasattr(np.lib, "npyio") else np):
+        for name in sorted(dir(module)):
+            doc = inspect.getdoc(getattr(module, name, None)) or ""
+            line = doc.strip().split("\n")[0]
+            ids = tokenizer.encode(line)
+            if len(line.split()) >= 4 and len(ids) >= 6:
+                out.append(ids[:max_tokens])
+            if len(out) == count:
+                return out
+    return out
+
+
+def _run_families(engine: Engine, families, junk: list[int]) -> tuple[float, float]:
+    """Growing prefixes + junk (one batch per length), then the full prompts: returns the draft top-1
+    agreement at the cached positions of the full prompts and their pooled acc_length."""
+    engine.spec.record_draft_top1()
+    for k in range(1, max(len(f) for f in families)):
+        batch = [f[:k] + junk for f in families if k < len(f)]
+        engine.generate(input_ids=batch, sampling_params={**GREEDY, "max_new_tokens": 3})
+    hits, total, from_cache = 0, 0, 0
+    tree = engine.kv.tree
+    for f in families:
+        from cache.keys import RadixKey
+
+        slots, _ = tree.match_prefix(RadixKey.of(f[:-1], bigram=tree.eagle))
+        for i, slot in enumerate(slots[: len(f) - 2]):
+            hits += int(engine.spec.slot_top1[slot] == f[i + 2])
+            total += 1
+        from_cache += len(slots)
+    outs = engine.generate(input_ids=families, sampling_params={**GREEDY, "max_new_tokens": 20})
+    assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0 and from_cache > 0
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+    return hits / total, tokens / rounds
+
+
+def test_control_token_keys_make_cached_draft_kv_stale():
+    bigram = make_engine()
+    families = _families(bigram.tokenizer)
+    assert len(families) >= 30
+    junk = bigram.tokenizer.encode(" xxx")
+    agree_bigram, acc_bigram = _run_families(bigram, families, junk)
+    token = make_engine()
+    use_token_keys(token)
+    agree_token, acc_token = _run_families(token, families, junk)
+    print(f"control over {len(families)} families: top-1 agreement at cached positions bigram "
+          f"{agree_bigram:.3f} vs token {agree_token:.3f} (diff {agree_bigram - agree_token:+.3f}); "
+          f"acc_length bigram {acc_bigram:.3f} vs token {acc_token:.3f} (diff {acc_bigram - acc_token:+.3f})")
+    assert agree_token < agree_bigram
+    assert acc_token < acc_bigram
