@@ -1,0 +1,70 @@
+"""Speculative decoding under memory pressure: a tiny pool forces tree eviction and retraction (still
+lossless), aborts free their KV, nothing leaks (every slot is back after flush), and each jitted piece
+compiles a bounded number of shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.speculative import spec_pairs as sp
+
+GREEDY = {"temperature": 0}
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_tiny_pool_evicts_and_retracts_losslessly(page_size):
+    prompts = sp.shared_prefix_prompts(seed=21, n=8)
+    params = {**GREEDY, "max_new_tokens": 28}
+    ref = sp.engine("llama", which=None, disable_radix_cache=True).generate(input_ids=prompts,
+                                                                            sampling_params=params)
+    engine = sp.engine("llama", page_size=page_size, max_total_tokens=160)
+    outs = engine.generate(input_ids=prompts[:4], sampling_params=params)
+    outs += engine.generate(input_ids=prompts[4:], sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    assert engine.scheduler.num_retractions > 0  # the pool was short, not just tight
+    engine.check_memory()
+    engine.flush_cache()
+
+
+def test_aborts_mid_decode_free_their_kv_and_the_rest_is_unchanged():
+    prompts = sp.shared_prefix_prompts(seed=5, n=6)
+    params = {**GREEDY, "max_new_tokens": 30}
+    ref = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    engine = sp.engine("llama", max_total_tokens=512)
+    rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts]
+    for _ in range(4):  # a prefill step, then decode rounds
+        engine.step()
+    engine.abort(rids[1])
+    engine.abort(rids[4])
+    engine.check_memory()
+    engine.run_until_idle()
+    for i, rid in enumerate(rids):
+        out = engine.output(rid)
+        if i in (1, 4):
+            assert out["meta_info"]["finish_reason"]["type"] == "abort"
+            assert out["output_ids"] == ref[i]["output_ids"][: len(out["output_ids"])]
+        else:
+            assert out["output_ids"] == ref[i]["output_ids"]
+    assert not engine.spec.state  # no draft state left behind
+    engine.check_memory()
+    engine.flush_cache()
+    assert engine.kv.available_slots() == engine.kv.num_slots
+
+
+def test_compilations_are_bounded_by_the_buckets():
+    # num_steps=4 is used by no other test: the jitted pieces (cached per graph pair and chain length) are
+    # fresh, so their cache sizes count this engine's shapes only
+    engine = sp.engine("llama", page_size=16, max_running=4, chunk=32, num_steps=4)
+    rng = np.random.RandomState(2)
+    for _ in range(4):
+        prompts = [rng.randint(0, 256, size=rng.randint(2, 40)).tolist() for _ in range(rng.randint(1, 5))]
+        max_new = int(rng.randint(1, 30))
+        engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": max_new})
+    b, w = engine.buckets, engine.spec
+    compiles = w.num_compiles
+    pages = len(w.page_buckets)
+    assert compiles["prefill"] <= len(b.tokens) * len(b.seqs) * pages
+    for name in ("draft_chain", "verify", "draft_extend"):
+        assert 1 <= compiles[name] <= len(w.seq_buckets) * pages, (name, compiles)
+    engine.flush_cache()
