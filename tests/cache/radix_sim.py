@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim_slots import grow_kv_slots
-
 from cache import CachedReq, RadixCache
 from cache.testing import CheckedAllocator
+from tests.cache.sim_slots import grow_kv_slots
 
 
 def make_cache(

@@ -3,10 +3,9 @@ with slots allocated page by page from a `CheckedSWAAllocator`. Not a test modul
 
 from __future__ import annotations
 
-from sim_slots import grow_kv_slots
-
 from cache import CachedReq, SWARadixCache
 from cache.testing import CheckedSWAAllocator
+from tests.cache.sim_slots import grow_kv_slots
 
 WORDS = list(range(100, 109))  # "You are a helpful , respectful and honest assistant" (Appendix A)
 XXX = 109

@@ -7,7 +7,8 @@ and finished in turn, on a 256-slot pool; then a chunked-prefill run (chunk = 3)
 from __future__ import annotations
 
 import pytest
-from radix_sim import admit, decode, extend_slots, finish, make_cache, run_request
+
+from tests.cache.radix_sim import admit, decode, extend_slots, finish, make_cache, run_request
 
 SENTENCE = list(range(100, 109))  # You are a helpful , respectful and honest assistant
 XXX = 109

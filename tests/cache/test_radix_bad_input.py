@@ -6,8 +6,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from radix_sim import admit, make_cache, prefill
-from rejects import assert_rejected_unchanged
 
 from cache import (
     EvictLockedError,
@@ -20,6 +18,8 @@ from cache import (
     RequestStateError,
     ValueLengthError,
 )
+from tests.cache.radix_sim import admit, make_cache, prefill
+from tests.cache.rejects import assert_rejected_unchanged
 
 
 def snapshot(cache) -> tuple:

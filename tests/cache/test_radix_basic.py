@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from radix_sim import make_cache
 
 from cache import RadixCache
 from cache.node import TreeNode
 from cache.testing import CheckedAllocator
+from tests.cache.radix_sim import make_cache
 
 
 def insert_fresh(cache: RadixCache, tokens: list[int]) -> tuple[int, np.ndarray]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from radix_sim import admit, decode, extend_slots, finish, make_cache, prefill
 
 from cache import CachedReq, RadixKey
 from cache.testing import CheckedAllocator
+from tests.cache.radix_sim import admit, decode, extend_slots, finish, make_cache, prefill
 
 
 def slots_of(cache, tokens) -> list[int]:

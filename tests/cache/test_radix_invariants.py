@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from radix_sim import admit, extend_slots, make_cache
 
 from cache import InvariantError
+from tests.cache.radix_sim import admit, extend_slots, make_cache
 
 
 def setup(page_size: int = 1):

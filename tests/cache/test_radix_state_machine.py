@@ -18,10 +18,10 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from radix_sim import SimReq, extend_slots
 
 from cache import CachedReq, RadixCache
 from cache.testing import CheckedAllocator
+from tests.cache.radix_sim import SimReq, extend_slots
 
 MAX_LIVE = 3
 NUM_PAGES = 24

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from swa_sim import OUTPUT, WORDS, make_swa, run_request, serve_and_touch_long_prompt, serve_nine_prompts
 
 from cache import CachedReq
+from tests.cache.swa_sim import (
+    OUTPUT,
+    WORDS,
+    make_swa,
+    run_request,
+    serve_and_touch_long_prompt,
+    serve_nine_prompts,
+)
 
 # (page_size, eagle) -> admits, match(full sentence), admission match of the full-sentence prompt, tree units
 BUILD_ROWS = {

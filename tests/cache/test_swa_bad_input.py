@@ -7,8 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from rejects import assert_rejected_unchanged
-from swa_sim import extend_slots, make_swa
 
 from cache import (
     CachedReq,
@@ -24,6 +22,8 @@ from cache import (
     ValueLengthError,
 )
 from cache.testing import CheckedSWAAllocator
+from tests.cache.rejects import assert_rejected_unchanged
+from tests.cache.swa_sim import extend_slots, make_swa
 
 
 def snapshot(tree: SWARadixCache) -> tuple:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from swa_sim import extend_slots, make_swa
 
 from cache import CachedReq, RadixKey
+from tests.cache.swa_sim import extend_slots, make_swa
 
 
 def test_eagle_empty_and_one_token_keys() -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from swa_sim import extend_slots, make_swa
 
 from cache import CachedReq, SWARadixCache
 from cache.testing import CheckedSWAAllocator
+from tests.cache.swa_sim import extend_slots, make_swa
 
 A, B, C = [1, 2, 3], [4, 5], [6, 7, 8]
 

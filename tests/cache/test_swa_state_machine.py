@@ -27,10 +27,10 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from swa_sim import extend_slots
 
 from cache import CachedReq, SWARadixCache
 from cache.testing import CheckedSWAAllocator
+from tests.cache.swa_sim import extend_slots
 
 VOCAB = 3
 TOKENS = st.integers(0, VOCAB - 1)

@@ -5,9 +5,9 @@ and the Appendix A numbers and the ownership checks hold the same."""
 from __future__ import annotations
 
 import pytest
-from swa_sim import WORDS, run_request, serve_and_touch_long_prompt, serve_nine_prompts
 
 from cache import CachedReq, SWARadixCache
+from tests.cache.swa_sim import WORDS, run_request, serve_and_touch_long_prompt, serve_nine_prompts
 
 facade = pytest.importorskip("jaxserve.memory.facade")
 swa_allocator = pytest.importorskip("jaxserve.memory.swa_allocator")

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import sampling_reference as ref
 
+import tests.sampling.sampling_reference as ref
 from jaxserve.sampling import (
     SamplingParams,
     SamplingRow,

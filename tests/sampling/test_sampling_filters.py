@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 import pytest
-import sampling_reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tests.sampling.sampling_reference as ref
 from jaxserve.sampling import apply_filters
 
 _filters = jax.jit(apply_filters, static_argnames="method")

@@ -8,8 +8,8 @@ and a greedy penalised request must equal a plain numpy greedy loop over the ref
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sampling_reference as ref
 
+import tests.sampling.sampling_reference as ref
 from jaxserve.sampling import (
     SamplingParams,
     SamplingRow,
