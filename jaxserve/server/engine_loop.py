@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxserve.engine import Engine
+from jaxserve.server.errors import APIError
 from jaxserve.server.metrics import ServerMetrics
 
 
@@ -72,7 +73,7 @@ class EngineLoop:
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run `fn(engine)` on the engine thread between steps; return its result or raise its exception."""
         if not self.healthy:
-            raise RuntimeError(f"the engine loop is not running ({self.error!r})")
+            raise APIError(503, f"the engine is not running ({self.error!r}); restart the server")
         future = self._loop.create_future()
         self._commands.put((fn, future))
         return await future
@@ -160,7 +161,8 @@ class EngineLoop:
             if num_ids == live.num_sent and not req.finished:
                 continue
             new_ids = list(req.output_ids[live.num_sent:])
-            meta = {**req.meta_info(), "spec_verify_ct": req.meta_info().get("spec_verify_ct", 0)}
+            meta = req.meta_info()
+            meta.setdefault("spec_verify_ct", 0)  # the engine has no speculative decoding yet
             event = Event(req.stop.stream_delta(), new_ids, req.finished, meta)
             self.metrics.on_tokens(req, len(new_ids), first=live.num_sent == 0 and num_ids > 0)
             live.num_sent = num_ids
