@@ -24,9 +24,6 @@ def load_draft(args: ServerArgs):
 
 
 def check_speculative_params(params: SamplingParams, index: int) -> None:
-    """The speculative path verifies greedily: it serves temperature 0 without penalties."""
-    if not params.is_greedy:
-        raise InvalidRequestError(f"request {index}: speculative decoding serves greedy requests only "
-                                  f"(temperature=0) so far; got temperature={params.temperature}")
+    """The speculative path verifies greedily or by rejection sampling; penalties are not tracked there."""
     if params.uses_penalties:
         raise InvalidRequestError(f"request {index}: penalties are not supported with speculative decoding")

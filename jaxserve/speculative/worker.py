@@ -41,9 +41,12 @@ from jaxserve.engine.request import Request, Status
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
-from jaxserve.sampling import sample
+from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
+from jaxserve.speculative.rejection import verify_tokens
 from jaxserve.speculative.schedule import SpecScheduler
+
+_PAD_PARAMS = SamplingParams(temperature=0.0)
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,13 +85,19 @@ def _make_fns(tgraph, dgraph, num_steps: int):
         return dpool, jnp.stack(tokens, axis=1)
 
     @functools.partial(jax.jit, donate_argnames=("pools",))
-    def verify(tparams, pools, last, drafts, meta):
+    def verify(tparams, pools, last, drafts, meta, sampling):
+        rows, num_drafts = drafts.shape
         input_ids = jnp.concatenate([last[:, None], drafts], axis=1).reshape(-1)
         logits, pools, aux = target_of(tparams)(input_ids, meta, pools, return_all_logits=True)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        n = drafts.shape[0]
-        return pools, jnp.argmax(logits, -1).astype(jnp.int32).reshape(n, -1), logp.max(-1).reshape(n, -1), \
-            drafts, aux
+        # the draft proposed at each verified position (none after the last one)
+        proposed = jnp.concatenate([drafts, jnp.full((rows, 1), -1, jnp.int32)], axis=1).reshape(-1)
+        accept, correction = verify_tokens(logits.astype(jnp.float32), proposed, sampling)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        logp_prop = jnp.take_along_axis(logp, jnp.maximum(proposed, 0)[:, None], axis=-1)[:, 0]
+        logp_corr = jnp.take_along_axis(logp, correction[:, None], axis=-1)[:, 0]
+        shape = (rows, num_drafts + 1)
+        return pools, accept.reshape(shape), correction.reshape(shape), logp_prop.reshape(shape), \
+            logp_corr.reshape(shape), drafts, aux
 
     @functools.partial(jax.jit, donate_argnames=("dpool",))
     def draft_extend(dparams, dpool, emb, ids, aux, rows, meta):
@@ -219,30 +228,34 @@ class EagleWorker:
         # ---- verify
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
-        steps = []
+        steps, rows = [], []
         last = np.zeros(drafts.shape[0], np.int32)
         for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
             full, swa = kv.page_ids(req.cached, n + nv)
             steps.append(SequenceStep(nv, n + nv, full, swa))
             last[i] = req.output_ids[-1]
+            done = len(req.output_ids)
+            rows += [SamplingRow(req.params, req.seed, done + j) for j in range(nv)]
+        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((drafts.shape[0] - len(reqs)) * nv)
         meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid,
                                         token_buckets=self.verify_tokens, seq_buckets=self.seq_buckets,
                                         page_buckets=self.page_buckets)
-        self.kv.pools, target, logp, drafts, aux = self._verify(self.tparams, self.kv.pools, last, drafts,
-                                                                meta)
-        target, logp, drafts = np.asarray(target), np.asarray(logp), np.asarray(drafts)
-        # ---- accept
+        out = self._verify(self.tparams, self.kv.pools, last, drafts, meta,
+                           build_sampling_batch(rows, meta.num_tokens))
+        self.kv.pools, aux = out[0], out[-1]
+        accept, correction, logp_prop, logp_corr, drafts = (np.asarray(x) for x in out[1:-1])
+        # ---- accept: the leading accepted drafts, then the correction (or bonus) token
         finished, ext_steps, ext_ids, ext_rows = [], [], [], []
         for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
-            match = drafts[i] == target[i, :-1]
-            accepted = int(np.cumprod(match).sum())
-            new = [*drafts[i, :accepted].tolist(), int(target[i, accepted])]
+            accepted = int(np.cumprod(accept[i, :-1]).sum())
+            new = [*drafts[i, :accepted].tolist(), int(correction[i, accepted])]
+            logps = [*logp_prop[i, :accepted].tolist(), float(logp_corr[i, accepted])]
             req.spec_accept_lengths.append(accepted)
             self.stats["rounds"] += 1
             self.stats["verified"] += self.num_steps
             self.stats["accepted"] += accepted
-            for j, token in enumerate(new):
-                req.logprobs.append(float(logp[i, j]))
+            for token, logprob in zip(new, logps, strict=True):
+                req.logprobs.append(logprob)
                 if req.stop.append(token) is not None:
                     finished.append(req)
                     break
