@@ -53,12 +53,18 @@ def build_engine(args: LaunchArgs):
     model_path, kwargs = resolve_model(args)
     if args.tokenizer_path is None:
         return Engine(model_path=model_path, **kwargs)
+    from jaxserve.engine.config import ServerArgs
     from jaxserve.loader.load import load_model
     from jaxserve.loader.tokenizer import HFTokenizer
+    from jaxserve.speculative.loading import load_draft
 
-    dtype = kwargs.get("dtype", "auto")
-    model = load_model(model_path, dtype=None if dtype == "auto" else dtype)
-    return Engine(model_path=model_path, model=model, tokenizer=HFTokenizer(args.tokenizer_path), **kwargs)
+    server_args = ServerArgs.from_kwargs({"model_path": model_path, **kwargs})
+    draft = load_draft(server_args) if server_args.speculative_algorithm is not None else None
+    aux_ids = tuple(draft.config.aux_layer_ids) if draft is not None else ()  # layers the draft reads
+    dtype = None if server_args.dtype == "auto" else server_args.dtype
+    model = load_model(model_path, dtype=dtype, aux_hidden_state_layer_ids=aux_ids)
+    return Engine(model_path=model_path, model=model, tokenizer=HFTokenizer(args.tokenizer_path),
+                  draft_model=draft, **kwargs)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

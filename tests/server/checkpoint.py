@@ -59,6 +59,33 @@ def write_tiny_checkpoint(directory: Path, *, model_type: str = "llama", chat_te
     return directory
 
 
+def write_spec_pair(directory: Path) -> tuple[Path, Path]:
+    """A tiny Llama target (tied embeddings, so its greedy output often repeats a token) + trained tokenizer,
+    and an EAGLE-3 head that predicts "the captured token again" (as tests/speculative/spec_pairs'
+    copy draft): rounds accept a realistic mix of 0..S drafts. Returns (target dir, draft dir)."""
+    import jax.numpy as jnp
+
+    from jaxserve.loader.load import load_model
+    from jaxserve.speculative.eagle3_checkpoint import save_eagle3_draft
+    from jaxserve.speculative.eagle3_draft import random_draft
+    from tests.speculative.spec_pairs import AUX, HIDDEN, draft_config
+
+    target_dir, draft_dir = directory / "target", directory / "draft"
+    target_dir.mkdir()
+    make_hf_checkpoint(target_dir, "llama", seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=256,
+                       num_hidden_layers=3, tie_word_embeddings=True, initializer_range=0.1,
+                       eos_token_id=None, bos_token_id=None)
+    write_trained_tokenizer(target_dir)
+    target = load_model(target_dir, progress=False, aux_hidden_state_layer_ids=AUX)
+    draft = random_draft(draft_config(vocab=VOCAB_SIZE), seed=0)
+    draft.fc.kernel[...] = jnp.concatenate([jnp.eye(HIDDEN), jnp.zeros((2 * HIDDEN, HIDDEN))], 0)
+    draft.lm_head.kernel[...] = target.embed.embed.embedding[...].T
+    for kernel in (draft.midlayer.self_attn.o_proj.kernel, draft.midlayer.mlp.down_proj.kernel):
+        kernel[...] = jnp.zeros_like(kernel[...])
+    save_eagle3_draft(draft, draft_dir)
+    return target_dir, draft_dir
+
+
 def use_embedded() -> bool:
     """True when tests should serve the embedded default instead of a tiny random checkpoint."""
     from jaxserve.assets import embedded_model_available

@@ -1,11 +1,10 @@
-"""The seed's scenario (SGLang PR #11231 recipe): nine growing prompts build a chain of radix nodes, then a
-test prompt that extends them is sent with send_one; its answer and acc_length must not depend on the
-radix cache (`--disable-radix-cache`).
+"""The seed's scenario (SGLang PR #11231 recipe) with EAGLE-3: nine growing prompts build a chain of radix
+nodes, then send_one sends a test prompt that extends them. Its answer and its acc_length must be the same
+with and without `--disable-radix-cache` (a prefix hit must not change what the draft sees), and the
+answer must equal plain (non-speculative) greedy decoding: speculative decoding is lossless.
 
-EAGLE-3 is not in the engine yet (issue #6), so both servers decode without a draft and acc_length is 1.0
-by definition; what this checks today is that prefix reuse (cached_tokens > 0 with the cache, 0 without)
-leaves the output unchanged. Once the engine takes `speculative_algorithm`, SPEC_FLAGS gets the EAGLE3
-flags and the same assertions compare real acceptance lengths.
+Target and draft: `checkpoint.write_spec_pair` (a tiny Llama and a head that guesses "the same token
+again", so rounds accept 0..3 drafts).
 """
 
 from __future__ import annotations
@@ -14,55 +13,99 @@ import httpx
 import pytest
 
 from jaxserve.test.send_one import STOP
+from tests.server.checkpoint import write_spec_pair
 from tests.server.conftest import ENGINE_FLAGS, ServerProcess, flags_of
 from tests.server.test_cli import run_send_one
+from tests.server.test_load import scrape
 
-SPEC_FLAGS: list[str] = []
 WORDS = ["You", "are", "a", "helpful,", "respectful", "and", "honest", "assistant"]
 # A long shared system text so that the growing prompts span whole pages (page size 16 in these tests).
 SYSTEM = "Always answer as helpfully as possible, while being safe. " * 3
 # "You xxx", "You are xxx", ... (the 9th repeats the 8th, all 8 words).
 PREFIX_PROMPTS = [SYSTEM + " ".join(WORDS[:i]) + " xxx" for i in range(1, 10)]
-TEST_PROMPT = SYSTEM + " ".join(WORDS) + ". Tell me about the FastAPI server."
+TEST_PROMPT = SYSTEM + " ".join(WORDS) + ". Human: Give me a fully functional FastAPI server."
+MAX_NEW = 32
+# One prefill chunk per prompt here: the engine's speculative path fails (KeyError in EagleWorker._draft,
+# reported to the engine's owner) on prompts of k * chunked_prefill_size + 1 tokens, e.g. 65 or 129 at 64.
+SPEC_FLAGS = {**ENGINE_FLAGS, "chunked_prefill_size": 256}
 
 
 @pytest.fixture(scope="module")
-def no_radix_server(model_dir):
-    proc = ServerProcess(["--model-path", str(model_dir), *flags_of(ENGINE_FLAGS), "--disable-radix-cache",
-                          *SPEC_FLAGS])
+def spec_pair(tmp_path_factory):
+    return write_spec_pair(tmp_path_factory.mktemp("spec_pair"))
+
+
+def spec_server(spec_pair, *extra: str) -> ServerProcess:
+    target, draft = spec_pair
+    return ServerProcess(["--model-path", str(target), *flags_of(SPEC_FLAGS),
+                          "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
+                          "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                          "--speculative-num-draft-tokens", "4", *extra])
+
+
+@pytest.fixture(scope="module")
+def radix_on(spec_pair):
+    proc = spec_server(spec_pair)
     yield proc
     assert proc.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def radix_off(spec_pair):
+    proc = spec_server(spec_pair, "--disable-radix-cache")
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(spec_pair):
+    from jaxserve.engine import Engine
+
+    engine = Engine(model_path=str(spec_pair[0]), **SPEC_FLAGS)
+    return lambda prompt, **p: engine.generate(prompt, {"temperature": 0, "max_new_tokens": MAX_NEW, **p})
+
+
 def play(server) -> tuple[list[dict], str]:
-    """The nine prefix prompts (3 new tokens each) through /generate, then send_one on the test prompt."""
+    """The nine prefix prompts (3 new tokens each), the test prompt through /generate, then send_one."""
     metas = []
     with httpx.Client(base_url=server.url, timeout=120) as c:
-        for prompt in PREFIX_PROMPTS:
-            r = c.post("/generate", json={"text": prompt, "sampling_params": {"temperature": 0,
-                                                                              "max_new_tokens": 3}})
+        for prompt in [*PREFIX_PROMPTS, TEST_PROMPT]:
+            r = c.post("/generate", json={"text": prompt, "sampling_params": {
+                "temperature": 0, "max_new_tokens": MAX_NEW if prompt is TEST_PROMPT else 3, "stop": STOP}})
             assert r.status_code == 200, r.text
             metas.append(r.json()["meta_info"])
-        r = c.post("/generate", json={"text": TEST_PROMPT, "sampling_params": {
-            "temperature": 0, "max_new_tokens": 16, "stop": STOP}})
-        metas.append(r.json()["meta_info"])
-    return metas, run_send_one(server, "--prompt", TEST_PROMPT, "--max-new-tokens", "16")
+    return metas, run_send_one(server, "--prompt", TEST_PROMPT, "--max-new-tokens", str(MAX_NEW))
 
 
 def table_row(stdout: str) -> list[str]:
     return [c.strip() for c in stdout.rstrip("\n").split("\n")[-2].strip("|").split("|")]
 
 
-def test_seed_scenario_same_answer_and_acc_length_with_and_without_radix(server, no_radix_server, reference):
-    assert len(PREFIX_PROMPTS) == 9
-    metas_on, out_on = play(server)
-    metas_off, out_off = play(no_radix_server)
+def test_seed_scenario_same_answer_and_acc_length_with_and_without_radix(radix_on, radix_off, plain_greedy):
+    metas_on, out_on = play(radix_on)
+    metas_off, out_off = play(radix_off)
     assert sum(m["cached_tokens"] for m in metas_on[1:]) > 0  # the chain is reused with the cache
     assert all(m["cached_tokens"] == 0 for m in metas_off)
-    text, _ = reference.generate(TEST_PROMPT, 16, stop=STOP)
-    assert out_on.rstrip("\n").split("\n")[:-5] == out_off.rstrip("\n").split("\n")[:-5] == text.split("\n")
+    test_on, test_off = metas_on[-1], metas_off[-1]
+    assert test_on["spec_verify_ct"] > 0 and max(test_on["spec_accept_lengths"]) > 0  # drafts accepted
+    assert test_on["spec_accept_lengths"] == test_off["spec_accept_lengths"]
+    expected = plain_greedy(TEST_PROMPT, stop=STOP)["text"]
+    text_lines = [out.rstrip("\n").split("\n")[:-5] for out in (out_on, out_off)]
+    assert text_lines[0] == text_lines[1] == expected.split("\n")
     _, tokens_on, acc_on, _ = table_row(out_on)
     _, tokens_off, acc_off, _ = table_row(out_off)
     assert tokens_on == tokens_off and acc_on == acc_off
-    if not SPEC_FLAGS:
-        assert acc_on == "1.000"
+    assert acc_on == f"{test_on['completion_tokens'] / test_on['spec_verify_ct']:.3f}" != "1.000"
+
+
+def test_speculative_generate_is_lossless_and_metrics_report_acceptance(radix_on, plain_greedy):
+    with httpx.Client(base_url=radix_on.url, timeout=120) as c:
+        for prompt in ("Hello world", "The quick brown fox", "def main():"):
+            out = c.post("/generate", json={"text": prompt, "sampling_params": {
+                "temperature": 0, "max_new_tokens": MAX_NEW}}).json()
+            ref = plain_greedy(prompt)
+            assert out["output_ids"] == ref["output_ids"] and out["text"] == ref["text"]
+            meta = out["meta_info"]
+            assert meta["spec_verify_ct"] == len(meta["spec_accept_lengths"]) > 0
+        metrics = scrape(c)
+    assert metrics["jaxserve:spec_verify_ct_total"] > 0 and metrics["jaxserve:spec_accept_length"] > 1.0
