@@ -57,11 +57,11 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--attention-backend", str, f"attention kernels; implemented: {', '.join(ATTENTION_BACKENDS)}"),
     ("--mem-fraction-static", float, "not supported yet: size the KV pool with --max-total-tokens"),
     ("--tp-size", int, "tensor-parallel degree (only 1 is supported yet)"),
-    ("--speculative-algorithm", str, "EAGLE3 (needs engine support for speculative decoding)"),
+    ("--speculative-algorithm", str, "EAGLE3: speculative decoding with an EAGLE-3 draft head"),
     ("--speculative-draft-model-path", str, "EAGLE-3 draft checkpoint directory"),
     ("--speculative-num-steps", int, "draft steps per round"),
-    ("--speculative-eagle-topk", int, "draft branching factor"),
-    ("--speculative-num-draft-tokens", int, "tokens verified per round"),
+    ("--speculative-eagle-topk", int, "draft branching factor (the engine implements 1: a chain)"),
+    ("--speculative-num-draft-tokens", int, "tokens verified per round (chain: num-steps + 1)"),
 )
 _ENGINE_SWITCHES = (
     ("--disable-radix-cache", "no prefix reuse across requests"),
