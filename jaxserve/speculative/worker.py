@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
@@ -144,7 +145,13 @@ class EagleWorker:
         if batch:
             return self.prefill(batch)
         reqs = self.scheduler.decoding()
-        return self.decode(reqs) if reqs else []
+        if reqs:
+            return self.decode(reqs)
+        if not self.scheduler.idle:
+            raise SchedulerStuckError(f"no progress with {len(self.scheduler.running)} running and "
+                                      f"{len(self.scheduler.waiting)} waiting requests "
+                                      f"({self.kv.available_slots()} slots free)")
+        return []
 
     def prefill(self, batch: list[ScheduledSeq]) -> list[Request]:
         inp = build_step_input(batch, self.kv, self.buckets)

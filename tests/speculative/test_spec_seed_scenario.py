@@ -123,3 +123,20 @@ def test_control_token_keys_make_cached_draft_kv_stale():
           f"acc_length bigram {acc_bigram:.3f} vs token {acc_token:.3f} (diff {acc_bigram - acc_token:+.3f})")
     assert agree_token < agree_bigram
     assert acc_token < acc_bigram
+
+
+def test_pooled_acc_length_on_held_out_prompts():
+    """>= 30 held-out corpus documents (the training split's complement), their first 32 tokens as prompts,
+    64 greedy tokens each with 2 steps (3 tokens verified per round): pooled acc_length >= 1.6."""
+    from jaxserve.training.corpus import build_documents, is_heldout
+
+    engine = make_engine()
+    docs = [d for d in build_documents() if is_heldout(d, 0.03)]
+    prompts = [ids[:32] for ids in (engine.tokenizer.encode(d) for d in docs) if len(ids) >= 8][:32]
+    assert len(prompts) >= 30
+    outs = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 64,
+                                                               "ignore_eos": True})
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+    print(f"pooled acc_length over {len(prompts)} held-out prompts x 64 tokens: {tokens / rounds:.3f}")
+    assert tokens / rounds >= 1.6
