@@ -12,13 +12,13 @@ from tests.speculative import spec_pairs as sp
 GREEDY = {"temperature": 0}
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_tiny_pool_evicts_and_retracts_losslessly(page_size):
+@pytest.mark.parametrize(("kind", "page_size"), [(k, p) for k in ("llama", "gpt_oss") for p in (1, 16)])
+def test_tiny_pool_evicts_and_retracts_losslessly(kind, page_size):
     prompts = sp.shared_prefix_prompts(seed=21, n=8)
     params = {**GREEDY, "max_new_tokens": 28}
-    ref = sp.engine("llama", which=None, disable_radix_cache=True).generate(input_ids=prompts,
-                                                                            sampling_params=params)
-    engine = sp.engine("llama", page_size=page_size, max_total_tokens=160)
+    ref = sp.engine(kind, which=None, disable_radix_cache=True).generate(input_ids=prompts,
+                                                                         sampling_params=params)
+    engine = sp.engine(kind, page_size=page_size, max_total_tokens=160)
     outs = engine.generate(input_ids=prompts[:4], sampling_params=params)
     outs += engine.generate(input_ids=prompts[4:], sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
