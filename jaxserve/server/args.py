@@ -66,6 +66,7 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
 _ENGINE_SWITCHES = (
     ("--disable-radix-cache", "no prefix reuse across requests"),
     ("--disable-overlap-schedule", "apply each step's results before dispatching the next"),
+    ("--warmup", "jaxserve: compile every step shape before serving (slower start, no compile pauses)"),
 )
 # Accepted only with these values until the engine has a ServerArgs field for them.
 _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {"tp_size": (1,), "attention_backend": ATTENTION_BACKENDS}
