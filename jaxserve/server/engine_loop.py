@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -21,6 +22,8 @@ from typing import Any
 from jaxserve.engine import Engine
 from jaxserve.server.errors import APIError
 from jaxserve.server.metrics import ServerMetrics
+
+logger = logging.getLogger("jaxserve.server")
 
 
 @dataclasses.dataclass
@@ -125,10 +128,10 @@ class EngineLoop:
                     engine.step()
                     self._publish(engine, list(self._live))
                 self.metrics.on_step(engine)
-        except BaseException as exc:  # a bug: report it on every pending request, keep the process up
+        except Exception as exc:  # a bug: report it on every pending request, keep the process up (503s)
             self.error = exc
+            logger.exception("the engine failed; the server now answers 503 until restarted")
             self._fail_all(exc)
-            raise
         finally:
             if self.error is None:  # orderly stop: abort what is left (a failed engine is not touched)
                 for rid in list(self._live):
