@@ -84,12 +84,17 @@ class ServerArgs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"server arg {name}={value!r} must be an int >= 1")
-        if self.speculative_eagle_topk != 1:
-            raise ValueError("speculative_eagle_topk > 1 (tree drafting) is not implemented yet; use 1")
         chain = self.speculative_num_steps + 1
-        if self.speculative_num_draft_tokens not in (None, chain):
+        if self.speculative_eagle_topk == 1 and self.speculative_num_draft_tokens not in (None, chain):
             raise ValueError(f"speculative_num_draft_tokens={self.speculative_num_draft_tokens}: a chain "
                              f"(topk=1) verifies num_steps + 1 = {chain} tokens")
+        if self.speculative_eagle_topk > 1:
+            most = 1 + self.speculative_eagle_topk + (self.speculative_num_steps - 1) * \
+                self.speculative_eagle_topk ** 2
+            num = self.speculative_num_draft_tokens
+            if num is None or not 2 <= num <= most:
+                raise ValueError(f"tree drafting (topk={self.speculative_eagle_topk}) needs "
+                                 f"speculative_num_draft_tokens in [2, {most}]")
 
     @property
     def num_draft_tokens(self) -> int:

@@ -75,7 +75,9 @@ class Engine:
         self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
                           kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
                           swa_num_pages=swa_pages, eagle=speculative)
-        extra = args.num_draft_tokens if speculative else 0  # a verify round runs past the last position
+        extra = 0  # a speculative round runs past the last position (verify span or tree draft scratch)
+        if speculative:
+            extra = max(args.num_draft_tokens, (args.speculative_num_steps - 1) * args.speculative_eagle_topk)
         max_pages = min(-(-(self.context_length + extra) // args.page_size), args.num_pages)
         self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
                                                      max_seqs=args.max_running_requests, max_pages=max_pages)
@@ -87,7 +89,8 @@ class Engine:
                                        max_running=args.max_running_requests,
                                        set_penalty_row=self.runner.set_penalty_row)
         self.spec = EagleWorker(model, draft_model, self.kv, self.scheduler, self.buckets,
-                                num_steps=args.speculative_num_steps,
+                                num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
+                                num_draft_tokens=args.num_draft_tokens,
                                 context_length=self.context_length) if speculative else None
         self._seeds = SeedSource(args.random_seed)
         self._requests: dict[str, Request] = {}
@@ -114,7 +117,7 @@ class Engine:
                                       vocab_size=self.vocab_size, context_length=self.context_length,
                                       kv=self.kv)
         if self.spec is not None:
-            check_speculative_params(params, index)
+            check_speculative_params(params, index, tree=self.args.speculative_eagle_topk > 1)
         return ids, params
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:

@@ -23,7 +23,11 @@ def load_draft(args: ServerArgs):
     return load_eagle3_draft(args.speculative_draft_model_path, target_num_layers=num_layers)
 
 
-def check_speculative_params(params: SamplingParams, index: int) -> None:
-    """The speculative path verifies greedily or by rejection sampling; penalties are not tracked there."""
+def check_speculative_params(params: SamplingParams, index: int, *, tree: bool = False) -> None:
+    """The speculative path verifies greedily or (chains) by rejection sampling; penalties are not tracked
+    there; tree drafting verifies greedily only."""
+    if tree and not params.is_greedy:
+        raise InvalidRequestError(f"request {index}: tree drafting (speculative_eagle_topk > 1) serves "
+                                  f"greedy requests only; got temperature={params.temperature}")
     if params.uses_penalties:
         raise InvalidRequestError(f"request {index}: penalties are not supported with speculative decoding")

@@ -51,8 +51,9 @@ _PAD_PARAMS = SamplingParams(temperature=0.0)
 
 
 @functools.lru_cache(maxsize=8)
-def _make_fns(tgraph, dgraph, num_steps: int):
-    """The four jitted pieces for one (target, draft) graph pair and chain length."""
+def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
+    """The four jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and
+    draft extend hand back the draft's `topk` best next tokens with their log-probabilities)."""
 
     def target_of(params):
         return nnx.merge(tgraph, params)
@@ -63,6 +64,10 @@ def _make_fns(tgraph, dgraph, num_steps: int):
     def greedy(draft: Eagle3Draft, logits):
         return draft.to_target_ids(jnp.argmax(logits, axis=-1).astype(jnp.int32))
 
+    def best(draft: Eagle3Draft, logits):
+        logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), topk)
+        return draft.to_target_ids(ids.astype(jnp.int32)), logp
+
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool"))
     def prefill(tparams, dparams, pools, dpool, emb, input_ids, next_ids, from_sample, meta, sampling):
         logits, pools, aux = target_of(tparams)(input_ids, meta, pools)
@@ -71,7 +76,7 @@ def _make_fns(tgraph, dgraph, num_steps: int):
         draft = draft_of(dparams)
         dlogits, hidden, dpool = draft(ids, aux, meta, dpool, emb, return_all_logits=True)
         top1 = greedy(draft, dlogits)
-        return pools, dpool, out, top1[meta.sample_idx], hidden[meta.sample_idx], top1
+        return pools, dpool, out, best(draft, dlogits[meta.sample_idx]), hidden[meta.sample_idx], top1
 
     @functools.partial(jax.jit, donate_argnames=("dpool",))
     def draft_chain(dparams, dpool, emb, first, hidden, metas):
@@ -105,7 +110,7 @@ def _make_fns(tgraph, dgraph, num_steps: int):
         draft = draft_of(dparams)
         logits, hidden, dpool = draft(ids, aux[rows], meta, dpool, emb, return_all_logits=True)
         top1 = greedy(draft, logits)
-        return dpool, top1[meta.sample_idx], hidden[meta.sample_idx], top1
+        return dpool, best(draft, logits[meta.sample_idx]), hidden[meta.sample_idx], top1
 
     return prefill, draft_chain, verify, draft_extend
 
@@ -114,7 +119,8 @@ class EagleWorker:
     """Runs speculative steps for an engine: owns the draft, its KV pool and the per-request draft state."""
 
     def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, scheduler: SpecScheduler,
-                 buckets: Buckets, *, num_steps: int, context_length: int) -> None:
+                 buckets: Buckets, *, num_steps: int, context_length: int, topk: int = 1,
+                 num_draft_tokens: int | None = None) -> None:
         if tuple(target.aux_hidden_state_layer_ids) != tuple(draft.config.aux_layer_ids):
             raise ValueError(f"the target captures layers {target.aux_hidden_state_layer_ids} but the draft "
                              f"reads {draft.config.aux_layer_ids}: load the target with "
@@ -123,20 +129,28 @@ class EagleWorker:
         dgraph, self.dparams = nnx.split(draft)
         self.kv, self.scheduler, self.buckets = kv, scheduler, buckets
         self.num_steps = num_steps
-        self.num_verify = num_steps + 1
+        self.topk = topk
+        self.num_verify = num_steps + 1 if topk == 1 else num_draft_tokens
+        # slots a round needs past the last computed position: the verify span, or the tree's draft scratch
+        self.num_reserve = max(self.num_verify, (num_steps - 1) * topk)
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
         self._prefill, self._draft_chain, self._verify, self._draft_extend = _make_fns(tgraph, dgraph,
-                                                                                       num_steps)
+                                                                                       num_steps, topk)
         self.seq_buckets = tuple(buckets.seqs)
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
-        most_pages = min(kv.pages_for(context_length + self.num_verify), kv.num_pages)
+        most_pages = min(kv.pages_for(context_length + self.num_reserve), kv.num_pages)
         self.page_buckets = tuple(sorted({*buckets.pages, max(most_pages, max(buckets.pages))}))
         self.state: dict[Request, tuple[int, np.ndarray]] = {}  # next draft token, draft hidden state
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
-        self.stats = {"prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0}
+        self.stats = {"prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0, "tree_kv_moved": 0}
+        self.tree = None
+        if topk > 1:
+            from jaxserve.speculative.draft_tree import TreeDrafter
+
+            self.tree = TreeDrafter(self, tgraph, dgraph)
 
     # ------------------------------------------------------------------ steps
     def step(self) -> list[Request]:
@@ -170,12 +184,12 @@ class EagleWorker:
             self.tparams, self.dparams, self.kv.pools, self.dpool, self.emb, inp.input_ids, next_ids,
             from_sample, inp.meta, inp.sampling)
         token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
-        first, hidden = np.asarray(first), np.asarray(hidden)
+        (first, first_logp), hidden = (np.asarray(x) for x in first), np.asarray(hidden)
         self._record(inp.meta, t, top1)
         self.stats["prefill_steps"] += 1
         for row, seq in enumerate(batch):
             if seq.samples:
-                self.state[seq.req] = (int(first[row]), hidden[row])
+                self.state[seq.req] = (first[row], first_logp[row], hidden[row])
                 if seq.req.spec_accept_lengths is None:
                     seq.req.spec_accept_lengths = []
         finished = self.scheduler.process(batch, token_ids, logprobs)
@@ -188,7 +202,7 @@ class EagleWorker:
         and then retracting the newest running requests. Returns the requests still decoding."""
         kv = self.kv
         while reqs:
-            need = sum(kv.pages_for(r.num_computed + self.num_verify) - kv.pages_for(r.num_computed)
+            need = sum(kv.pages_for(r.num_computed + self.num_reserve) - kv.pages_for(r.num_computed)
                        for r in reqs) * kv.page_size
             kv._make_room(need)
             if kv.available_slots() >= need:
@@ -203,10 +217,10 @@ class EagleWorker:
         kv, steps = self.kv, self.num_steps
         num_rows = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
         first = np.zeros(num_rows, np.int32)
-        example = self.state[reqs[0]][1]
+        example = self.state[reqs[0]][2]
         hidden = np.zeros((num_rows, example.shape[0]), example.dtype)
         for i, req in enumerate(reqs):
-            first[i], hidden[i] = self.state[req]
+            first[i], hidden[i] = self.state[req][0][0], self.state[req][2]
         if steps == 1:
             return first[:, None]
         backup = kv.allocator.state
@@ -229,10 +243,17 @@ class EagleWorker:
         reqs = self._make_room(reqs)
         if not reqs:
             return []
-        kv, nv = self.kv, self.num_verify
         starts = [r.num_computed for r in reqs]
-        drafts = self._draft(reqs, starts)
-        # ---- verify
+        if self.tree is not None:
+            results, aux = self.tree.draft_and_verify(reqs, starts)
+        else:
+            results, aux = self._verify_chain(reqs, starts, self._draft(reqs, starts))
+        return self._accept(reqs, starts, results, aux)
+
+    def _verify_chain(self, reqs, starts, drafts):
+        """Verify the chains; per request (accepted drafts, new tokens, their logprobs, verify rows of the
+        accepted positions) and the verify's captured states."""
+        kv, nv = self.kv, self.num_verify
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
         steps, rows = [], []
@@ -251,12 +272,20 @@ class EagleWorker:
                            build_sampling_batch(rows, meta.num_tokens))
         self.kv.pools, aux = out[0], out[-1]
         accept, correction, logp_prop, logp_corr, drafts = (np.asarray(x) for x in out[1:-1])
-        # ---- accept: the leading accepted drafts, then the correction (or bonus) token
-        finished, ext_steps, ext_ids, ext_rows = [], [], [], []
-        for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
+        results = []
+        for i in range(len(reqs)):  # the leading accepted drafts, then the correction (or bonus) token
             accepted = int(np.cumprod(accept[i, :-1]).sum())
             new = [*drafts[i, :accepted].tolist(), int(correction[i, accepted])]
             logps = [*logp_prop[i, :accepted].tolist(), float(logp_corr[i, accepted])]
+            results.append((accepted, new, logps, list(range(i * nv, i * nv + accepted + 1))))
+        return results, aux
+
+    def _accept(self, reqs, starts, results, aux) -> list[Request]:
+        """Append the new tokens, free whole pages past the new end, draft-extend over the accepted positions
+        (also for finishing requests: the tree caches them), finish requests."""
+        kv = self.kv
+        finished, ext_steps, ext_ids, ext_rows = [], [], [], []
+        for req, n, (accepted, new, logps, rows) in zip(reqs, starts, results, strict=True):
             req.spec_accept_lengths.append(accepted)
             self.stats["rounds"] += 1
             self.stats["verified"] += self.num_steps
@@ -275,8 +304,7 @@ class EagleWorker:
             req.num_computed = end
             ext_steps.append(SequenceStep(accepted + 1, end, kv.page_ids(req.cached, end)[0]))
             ext_ids.extend(new)
-            ext_rows.extend(range(i * nv, i * nv + accepted + 1))
-        # ---- draft extend over the accepted positions (also for finishing requests: the tree caches them)
+            ext_rows.extend(rows)
         meta = build_attention_metadata(ext_steps, page_size=kv.page_size, token_buckets=self.verify_tokens,
                                         seq_buckets=self.seq_buckets, page_buckets=self.page_buckets)
         ids = np.zeros(meta.num_tokens, np.int32)
@@ -284,10 +312,10 @@ class EagleWorker:
         ids[: len(ext_ids)], rows[: len(ext_rows)] = ext_ids, ext_rows
         self.dpool, first, hidden, top1 = self._draft_extend(self.dparams, self.dpool, self.emb, ids, aux,
                                                              rows, meta)
-        first, hidden = np.asarray(first), np.asarray(hidden)
+        (first, first_logp), hidden = (np.asarray(x) for x in first), np.asarray(hidden)
         self._record(meta, len(ext_ids), top1)
         for i, req in enumerate(reqs):
-            self.state[req] = (int(first[i]), hidden[i])
+            self.state[req] = (first[i], first_logp[i], hidden[i])
         for req in finished:
             self.scheduler.finish(req)
             self.state.pop(req, None)
