@@ -6,7 +6,8 @@
 
 For each batch size B, B prompts (first docstring lines of standard-library callables, a text the embedded
 model was trained on) decode `--output-len` tokens greedily, EOS ignored, on two engines over the same
-weights: plain, and EAGLE-3 chain drafting (`--num-steps`, default 2, i.e. 3 tokens verified per round).
+weights: plain, and EAGLE-3 chain drafting (`--num-steps`, default 2, i.e. 3 tokens verified per round; or
+tree drafting with `--topk K --num-draft-tokens N`).
 Each engine runs the batch once untimed (compiles its shapes), then once timed from an empty prefix cache.
 Reported per batch size (one JSON line each, then a table): output tokens/s of both, their ratio, pooled
 acc_length (completion tokens / verify rounds) and the histogram of drafts accepted per round. Outputs of
@@ -56,13 +57,17 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--num-steps", type=int, default=2)
+    p.add_argument("--topk", type=int, default=1, help="> 1: tree drafting (needs --num-draft-tokens)")
+    p.add_argument("--num-draft-tokens", type=int, default=None)
     args = p.parse_args(argv)
     draft_path = args.draft_path or str(Path(args.model_path) / "draft")
     common = dict(max_total_tokens=16384, chunked_prefill_size=2048,
                   max_running_requests=max(args.batch_sizes))
     plain = Engine(model_path=args.model_path, **common)
     spec = Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
-                  speculative_draft_model_path=draft_path, speculative_num_steps=args.num_steps, **common)
+                  speculative_draft_model_path=draft_path, speculative_num_steps=args.num_steps,
+                  speculative_eagle_topk=args.topk, speculative_num_draft_tokens=args.num_draft_tokens,
+                  **common)
     results = {}
     for bs in args.batch_sizes:
         batch = prompts(plain.tokenizer, bs)
@@ -72,6 +77,7 @@ def main(argv=None) -> dict:
         rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs_spec)
         accepted = np.concatenate([o["meta_info"]["spec_accept_lengths"] for o in outs_spec]).astype(int)
         row = {"batch_size": bs, "output_len": args.output_len, "num_steps": args.num_steps,
+               "topk": args.topk,
                "plain_tokens_per_s": round(tokens / wall_plain, 1),
                "eagle3_tokens_per_s": round(tokens / wall_spec, 1),
                "speedup": round(wall_plain / wall_spec, 3), "acc_length": round(tokens / rounds, 3),
