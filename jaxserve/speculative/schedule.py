@@ -9,13 +9,23 @@ scheduler: the newest running request gives its private KV back and is prefilled
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import ScheduledSeq
 
 
 class SpecScheduler(Scheduler):
-    """`Scheduler` whose steps contain prefill chunks only; decoding requests are left to the worker."""
+    """`Scheduler` whose steps contain prefill chunks only; decoding requests are left to the worker.
+
+    A running request decodes once its prefill has sampled (the worker then holds its draft state:
+    `has_state(req)`), whatever is left to feed; `on_retract(req)` lets the worker drop that state."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.has_state: Callable[[Request], bool] = lambda req: False
+        self.on_retract: Callable[[Request], object] = lambda req: None
 
     def schedule_prefill(self) -> list[ScheduledSeq]:
         """Continuations of running prefills (oldest first), then admissions, within the token budget and the
@@ -23,7 +33,7 @@ class SpecScheduler(Scheduler):
         batch: list[ScheduledSeq] = []
         budget = self.max_tokens
         for req in list(self.running):
-            if budget == 0 or req.status is not Status.RUNNING or req.num_remaining <= 1:
+            if budget == 0 or req.status is not Status.RUNNING or self.has_state(req):
                 continue
             num_tokens = min(req.num_remaining, budget)
             while not self.kv.extend(req.cached, req.num_computed, req.num_computed + num_tokens):
@@ -44,12 +54,16 @@ class SpecScheduler(Scheduler):
 
     def decoding(self) -> list[Request]:
         """Running requests whose next step is a decode round (every token but the last one has KV)."""
-        return [r for r in self.running if r.status is Status.RUNNING and r.num_remaining == 1]
+        return [r for r in self.running if r.status is Status.RUNNING and self.has_state(r)]
 
     def retract_newest(self) -> Request:
         victim = self.running[-1]
         self._retract(victim, [])
         return victim
+
+    def _retract(self, req: Request, batch: list[ScheduledSeq]) -> int:
+        self.on_retract(req)
+        return super()._retract(req, batch)
 
     def finish(self, req: Request) -> None:
         self._finish(req)

@@ -141,7 +141,10 @@ class EagleWorker:
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         most_pages = min(kv.pages_for(context_length + self.num_reserve), kv.num_pages)
         self.page_buckets = tuple(sorted({*buckets.pages, max(most_pages, max(buckets.pages))}))
-        self.state: dict[Request, tuple[int, np.ndarray]] = {}  # next draft token, draft hidden state
+        # per decoding request: the draft's best next tokens, their log-probabilities, its hidden state
+        self.state: dict[Request, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        scheduler.has_state = self.state.__contains__
+        scheduler.on_retract = self.forget
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None

@@ -68,3 +68,24 @@ def test_compilations_are_bounded_by_the_buckets():
     for name in ("draft_chain", "verify", "draft_extend"):
         assert 1 <= compiles[name] <= len(w.seq_buckets) * pages, (name, compiles)
     engine.flush_cache()
+
+
+def test_last_prefill_chunk_of_one_token_and_tree_drafting_under_retraction():
+    """A prompt one token longer than the step budget ends its prefill with a 1-token chunk (still a prefill:
+    it samples); and tree drafting in a tiny pool retracts and stays lossless."""
+    rng = np.random.RandomState(8)
+    prompts = [rng.randint(0, 256, size=n).tolist() for n in (17, 33, 5)]
+    params = {**GREEDY, "max_new_tokens": 20}
+    ref = sp.engine("llama", which=None, chunk=16).generate(input_ids=prompts, sampling_params=params)
+    outs = sp.engine("llama", chunk=16).generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    prompts = sp.shared_prefix_prompts(seed=4, n=5)
+    params = {**GREEDY, "max_new_tokens": 25}
+    ref = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    engine = sp.engine("llama", page_size=16, num_steps=1, speculative_eagle_topk=3,
+                       speculative_num_draft_tokens=4, max_total_tokens=160)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    assert engine.scheduler.num_retractions > 0
+    engine.check_memory()
+    engine.flush_cache()
