@@ -28,14 +28,11 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.engine import Engine
 
 PAIR_DIR = Path(os.environ.get("JAXSERVE_SPEC_PAIR_DIR", EMBEDDED_MODEL_DIR))
-pytestmark = pytest.mark.skipif(not (PAIR_DIR / "draft" / "model.safetensors").exists(),
-                                reason=f"no shipped target + EAGLE-3 pair at {PAIR_DIR}")
 
 SEED = "You are a helpful, respectful and honest assistant"
 GREEDY = {"temperature": 0}
