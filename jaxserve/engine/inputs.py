@@ -76,8 +76,9 @@ def normalise_params(sampling_params: ParamsArg, num_requests: int, vocab_size: 
 def prepare_request(item: str | Sequence[int], params: SamplingParams, index: int, *, tokenizer,
                     vocab_size: int, context_length: int, kv: KVCache) -> tuple[np.ndarray, SamplingParams]:
     """Tokenize and check one request against the vocabulary, the context and the pool. Returns its int32
-    ids and params with max_new_tokens clamped to the context (SGLang's rule). Raises InvalidRequestError,
-    PromptTooLongError or RequestTooLargeError; nothing is changed."""
+    ids and params; a max_new_tokens beyond the context is clamped to what the context and the pool allow
+    (SGLang's rule). Raises InvalidRequestError, PromptTooLongError or RequestTooLargeError; nothing is
+    changed."""
     if isinstance(item, str):
         if tokenizer is None:
             raise InvalidRequestError("this engine has no tokenizer: pass input_ids instead of text")
@@ -89,7 +90,12 @@ def prepare_request(item: str | Sequence[int], params: SamplingParams, index: in
     if room < 1:
         raise PromptTooLongError(f"request {index}: prompt has {ids.shape[0]} tokens; the context length is "
                                  f"{context_length}, leaving no room for a new token")
-    params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
+    if params.max_new_tokens > room:
+        # Beyond the context means "as many as possible" (SGLang caps it): as many as the context and the
+        # pool allow. A value within the context is taken literally, and refused below if the pool can never
+        # hold it.
+        pool_room = kv.max_request_tokens - ids.shape[0] + 1
+        params = dataclasses.replace(params, max_new_tokens=max(1, min(room, pool_room)))
     kv_tokens = ids.shape[0] + max(params.max_new_tokens - 1, 0)
     if not kv.fits_alone(kv_tokens):
         raise RequestTooLargeError(

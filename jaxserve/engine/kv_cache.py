@@ -64,8 +64,13 @@ class KVCache:
 
     def fits_alone(self, num_tokens: int) -> bool:
         """Can a request with `num_tokens` tokens of KV ever run (the whole pool, tree evicted)?"""
+        return num_tokens <= self.max_request_tokens
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens of KV one request can ever hold: the whole pool (both groups when hybrid)."""
         swa_pages = self.swa_num_pages if self.hybrid else self.num_pages
-        return self.pages_for(num_tokens) <= min(self.num_pages, swa_pages)
+        return min(self.num_pages, swa_pages) * self.page_size
 
     # ------------------------------------------------------------------ allocation
     def _make_room(self, num_slots: int) -> None:

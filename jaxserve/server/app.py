@@ -51,7 +51,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, tokenize
     loop = EngineLoop(engine, metrics)
     model_path = str(engine.args.model_path or "<in-memory model>")
     info = {**dataclasses.asdict(engine.args), **(launch_info or {}), "context_length": engine.context_length,
-            "vocab_size": engine.vocab_size, "version": _version()}
+            "max_request_tokens": engine.kv.max_request_tokens, "vocab_size": engine.vocab_size,
+            "version": _version()}
     state = ServerState(loop=loop, metrics=metrics, model_path=model_path,
                         tokenizer_path=str(tokenizer_path or model_path),
                         served_model_name=served_model_name or model_path,

@@ -27,6 +27,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from jaxserve.training.corpus import EOS, read_documents
 
 SPECIAL_TOKENS = (EOS, "<|start|>", "<|end|>", "<|return|>")
+# Harmony-like framing with the specials above, so /v1/chat/completions works against the embedded model (it
+# was trained on plain prose, not chats: expect prose continuations, not assistant answers).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|start|>{{ message['role'] }}\n{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
+)
 
 
 def train_tokenizer(documents: Iterable[str], vocab_size: int = 1024) -> Tokenizer:
@@ -43,7 +49,7 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int = 1024) -> Tokeniz
 def tokenizer_config(model_max_length: int) -> dict:
     return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
             "bos_token": None, "add_bos_token": False, "model_max_length": model_max_length,
-            "clean_up_tokenization_spaces": False}
+            "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE}
 
 
 def save_tokenizer(tok: Tokenizer, directory: str | Path, model_max_length: int = 4096) -> None:

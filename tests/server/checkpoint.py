@@ -1,6 +1,6 @@
 """A tiny random Llama checkpoint with a trained byte-level BPE tokenizer and a chat template, written to a
-directory so that a server process can load it with `--model-path` (the embedded default is used instead
-when `JAXSERVE_TEST_EMBEDDED=1` and `jaxserve/assets/embedded` exists)."""
+directory so that a server process can load it with `--model-path`. By default the tests serve the shipped
+embedded default instead; `JAXSERVE_TEST_EMBEDDED=0` selects this tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -87,7 +87,11 @@ def write_spec_pair(directory: Path) -> tuple[Path, Path]:
 
 
 def use_embedded() -> bool:
-    """True when tests should serve the embedded default instead of a tiny random checkpoint."""
+    """True (the default) when tests serve the shipped embedded default; JAXSERVE_TEST_EMBEDDED=0 switches
+    to a tiny random checkpoint built in-test. The embedded model must exist (it ships with the package)."""
     from jaxserve.assets import embedded_model_available
 
-    return os.environ.get("JAXSERVE_TEST_EMBEDDED") == "1" and embedded_model_available()
+    if os.environ.get("JAXSERVE_TEST_EMBEDDED", "1") == "0":
+        return False
+    assert embedded_model_available(), "jaxserve/assets/embedded is missing (see jaxserve.training)"
+    return True

@@ -1,8 +1,8 @@
 """Server test fixtures: a tiny checkpoint, real server processes on 127.0.0.1 (ephemeral ports), and an
 in-process `Engine` with the same settings whose greedy outputs are the reference for HTTP answers.
 
-Set JAXSERVE_TEST_EMBEDDED=1 to serve `jaxserve/assets/embedded` instead of the tiny random checkpoint
-(used only when it exists).
+By default the shipped embedded default (`jaxserve/assets/embedded`) is served; JAXSERVE_TEST_EMBEDDED=0
+serves the tiny random checkpoint instead.
 """
 
 from __future__ import annotations
@@ -98,9 +98,10 @@ def client(server):
 
 @pytest.fixture(scope="session")
 def facts(client) -> dict:
-    """The served model's vocab_size and context_length (tests derive lengths and ids from them)."""
+    """The served model's vocab_size, context_length and max_request_tokens (the most KV one request can
+    hold: the whole pool); tests derive lengths and ids from them."""
     info = client.get("/get_server_info").json()
-    return {"vocab_size": info["vocab_size"], "context_length": info["context_length"]}
+    return {key: info[key] for key in ("vocab_size", "context_length", "max_request_tokens")}
 
 
 @pytest.fixture(scope="session")

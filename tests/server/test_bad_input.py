@@ -86,12 +86,15 @@ def test_bad_request_gets_clear_4xx_and_server_survives(client, facts, case):
 
 
 def test_huge_max_new_tokens_is_capped_to_the_context(client, facts):
-    prompt_len = facts["context_length"] - 50
+    """A max_new_tokens beyond the context is capped to what the context and the KV pool allow: up to the
+    context length, and at most pool + 1 tokens in all (the last sampled token needs no KV)."""
+    prompt_len = min(facts["context_length"], facts["max_request_tokens"]) - 50
+    expected = min(facts["context_length"] - prompt_len, facts["max_request_tokens"] - prompt_len + 1)
     r = client.post("/generate", json={"input_ids": [3] * prompt_len, "sampling_params": {
         "temperature": 0, "max_new_tokens": 10**12, "ignore_eos": True}})
     assert r.status_code == 200, r.text
     meta = r.json()["meta_info"]
-    assert meta["completion_tokens"] == 50 and meta["finish_reason"]["type"] == "length"
+    assert meta["completion_tokens"] == expected and meta["finish_reason"]["type"] == "length"
     assert_kv_baseline(client)
 
 
