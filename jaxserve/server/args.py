@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m jaxserve.launch_server", allow_abbrev=False,
         description="Serve a model over HTTP (SGLang's /generate and OpenAI's /v1 endpoints).")
     parser.add_argument("--config", help="YAML file of flags (keys as flag names); explicit flags win")
-    parser.add_argument("--model-path", help="HF checkpoint directory (default: the embedded model)")
+    parser.add_argument("--model-path", "--model", dest="model_path",
+                        help="HF checkpoint directory (default: the embedded model); --model is an alias")
     parser.add_argument("--tokenizer-path", help="directory with tokenizer.json (default: --model-path)")
     parser.add_argument("--host", default=None, help=f"bind address (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=None, help=f"port (default {DEFAULT_PORT}; 0: any)")

@@ -35,6 +35,11 @@ def test_flags_map_to_server_args():
     assert parse_launch_args([]).engine_kwargs == {}  # unset flags keep the engine's defaults
 
 
+def test_model_is_an_alias_of_model_path_as_in_sglang():
+    """The seed's command line is `launch_server --model ...`."""
+    assert parse_launch_args(["--model", "/m"]).model_path == "/m"
+
+
 @pytest.mark.parametrize("argv,needle", [(["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
                                          (["--page", "16"], "unrecognized arguments: --page"),
                                          (["--page-size", "x"], "--page-size: invalid int value"),
