@@ -92,6 +92,11 @@ class EngineLoop:
         """Abort a live request (no-op once finished). Safe from any thread; does not wait."""
         self._commands.put((lambda engine: self._abort(engine, rid), None))
 
+    def abort_all(self) -> None:
+        """Abort every live request (shutdown: open streams end with finish_reason abort at once instead of
+        running until the graceful-shutdown timeout). Safe from any thread; does not wait."""
+        self._commands.put((lambda engine: [self._abort(engine, rid) for rid in list(self._live)], None))
+
     # ------------------------------------------------------------------ engine thread
     def _submit_all(self, engine: Engine, is_text: bool, items: list, params: Sequence[dict | None]):
         rids: list[str] = []

@@ -13,11 +13,11 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jaxserve.server.args import LaunchArgs, UnsupportedFlagError, parse_launch_args
 
-GRACEFUL_SHUTDOWN_S = 5
+GRACEFUL_SHUTDOWN_S = 20  # live requests are aborted first; this covers a step (or a compile) in flight
 
 
 class LaunchError(RuntimeError):
@@ -93,12 +93,18 @@ def banner(host: str, port: int, api_key: str | None) -> str:
     ])
 
 
-def _make_server(config):
-    """uvicorn's Server, with SIGINT/SIGTERM handled on the event loop: the first starts a graceful shutdown,
-    a second forces it; either way the process then exits 0 (uvicorn would re-raise the signal)."""
+def _make_server(config, on_first_exit: Callable[[], None]):
+    """uvicorn's Server, with SIGINT/SIGTERM handled on the event loop: the first aborts every live request
+    (`on_first_exit`, so open streams end now) and starts a graceful shutdown, a second forces it; either way
+    the process then exits 0 (uvicorn would re-raise the signal)."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            if not self.should_exit:
+                on_first_exit()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self):
             loop = asyncio.get_running_loop()
@@ -144,5 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                      api_key=args.api_key, launch_info={"host": args.host, "port": port})
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             access_log=args.log_level in ("debug", "info"))
-    asyncio.run(_serve(_make_server(config), sock, banner(args.host, port, args.api_key)))
+    server = _make_server(config, on_first_exit=app.state.server.loop.abort_all)
+    asyncio.run(_serve(server, sock, banner(args.host, port, args.api_key)))
     return 0
