@@ -125,26 +125,35 @@ def alloc(state: AllocatorState, num_slots: int) -> tuple[AllocatorState, np.nda
     return new_state, pages_to_slots(pages, state.page_size)[:num_slots]
 
 
+def check_slot_range(state: AllocatorState, slots: np.ndarray) -> None:
+    """Raise SlotRangeError unless every slot of this flat int array is in `[page_size, slot_limit)`."""
+    if slots.size:
+        lo, hi = state.page_size, (state.stack.num_pages + 1) * state.page_size
+        if slots.min() < lo or slots.max() >= hi:
+            bad = slots[(slots < lo) | (slots >= hi)][:5].tolist()
+            raise SlotRangeError(
+                f"slots {bad} are outside the allocatable range [{lo}, {hi}) "
+                f"(page 0 = slots [0, {lo}) is the reserved padding page)"
+            )
+
+
 def pages_of_slots(state: AllocatorState, slots: np.ndarray) -> np.ndarray:
     """Validated, de-duplicated, sorted pages of these slots. Raises SlotRangeError / TypeError."""
     arr = np.asarray(slots)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"slot ids must be integers, got dtype {arr.dtype}")
     arr = arr.astype(SLOT_DTYPE, copy=False).reshape(-1)
-    if arr.size and (arr.min() < state.page_size or arr.max() >= state.slot_limit):
-        bad = arr[(arr < state.page_size) | (arr >= state.slot_limit)][:5].tolist()
-        raise SlotRangeError(
-            f"slots {bad} are outside the allocatable range [{state.page_size}, {state.slot_limit}) "
-            f"(page 0 = slots [0, {state.page_size}) is the reserved padding page)"
-        )
-    return unique_sorted(arr // state.page_size)
+    check_slot_range(state, arr)
+    return unique_sorted(arr // state.page_size if state.page_size > 1 else arr)
 
 
 def unique_sorted(values: np.ndarray) -> np.ndarray:
     """Sorted distinct values (np.unique's hashing path is slower for the small arrays of one call)."""
     values = np.sort(values.astype(PAGE_DTYPE, copy=False))
     if values.size > 1:
-        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+        dup = values[1:] == values[:-1]
+        if dup.any():
+            values = values[np.concatenate(([True], ~dup))]
     return values
 
 
@@ -164,8 +173,23 @@ def free_pages(state: AllocatorState, pages: np.ndarray) -> AllocatorState:
     if pages.size == 0:
         return state
     check_not_free(state, pages)
+    return push_checked_pages(state, pages)
+
+
+def push_checked_pages(state: AllocatorState, pages: np.ndarray) -> AllocatorState:
+    """`free_pages` without its checks, for callers that already ran them on this state (valid state;
+    distinct, in-range pages none of which is free). Empty input returns `state`."""
+    if pages.size == 0:
+        return state
     top, seen = page_stack.push(state.stack, state.top, pages)
     return AllocatorState(state.stack, state.page_size, top, seen)
+
+
+def pop_checked_pages(state: AllocatorState, num_pages: int) -> tuple[AllocatorState, np.ndarray]:
+    """`alloc_pages` without its checks, for callers that already checked the state and that
+    `1 <= num_pages <= state.top`."""
+    top, pages = page_stack.pop(state.stack, state.top, num_pages)
+    return AllocatorState(state.stack, state.page_size, top, state.stack.num_writes), pages
 
 
 def free(state: AllocatorState, slots: np.ndarray) -> AllocatorState:
@@ -190,7 +214,7 @@ def free_groups(state: AllocatorState, groups: Sequence[np.ndarray]) -> Allocato
 def is_slot_free(state: AllocatorState, slots: np.ndarray) -> np.ndarray:
     """Per slot: is its page free in this state. Raises SlotRangeError for out-of-range slots."""
     arr = np.asarray(slots, dtype=SLOT_DTYPE).reshape(-1)
-    pages_of_slots(state, arr)
+    check_slot_range(state, arr)
     _check(state)
     return page_stack.is_free(state.stack, state.top, arr // state.page_size)
 

@@ -50,6 +50,8 @@ def plan_extend(
             "need 0 <= prefix_len <= seq_len per request and at least one new token"
         )
     p = state.page_size
+    if p == 1:  # every new position is a new page; nothing continues a partial page
+        return ExtendPlan(pre, seq, last, seq - pre)
     partial = (pre % p) != 0
     if partial.any():
         lp = last[partial]
@@ -69,7 +71,14 @@ def plan_extend(
 def slots_for_plan(plan: ExtendPlan, pages: np.ndarray, page_size: int) -> np.ndarray:
     """The slots of every new position, request-major, given the plan's freshly allocated pages in order."""
     p = page_size
+    if p == 1:  # one fresh page per position, handed out in request-major order
+        return pages.astype(SLOT_DTYPE, copy=False)
     counts = plan.seq_lens - plan.prefix_lens
+    if (counts == 1).all():
+        # decode: one position per request, on a fresh page iff it starts one, else after last_locs
+        out = plan.last_locs + 1
+        out[plan.new_pages != 0] = pages * p  # the first slot of each fresh page
+        return out.astype(SLOT_DTYPE, copy=False)
     req = np.repeat(np.arange(counts.size), counts)
     starts = np.cumsum(counts) - counts
     pos = plan.prefix_lens[req] + (np.arange(req.size) - starts[req])

@@ -60,8 +60,13 @@ class SuffixMinLog:
         return self.num_records
 
     def min_after(self, serial: int, default: int) -> int:
-        """The smallest value recorded with serial > `serial`, or `default` if none."""
-        i = int(np.searchsorted(self._serial[: self._size], serial, side="right"))
+        """The smallest value recorded with serial > `serial`, or `default` if none.
+
+        O(1) when nothing was recorded after `serial` (the common case: the caller holds the latest state).
+        """
+        if serial >= self.num_records:
+            return default
+        i = int(self._serial[: self._size].searchsorted(serial, side="right"))
         return int(self._value[i]) if i < self._size else default
 
 
@@ -86,8 +91,10 @@ class FreePageStack:
 
 
 def check_valid(stack: FreePageStack, top: int, seen_writes: int) -> None:
-    """Raise StaleAllocatorStateError if a later push overwrote part of this snapshot's free set."""
-    if stack.lowest_write_after(seen_writes) < top:
+    """Raise StaleAllocatorStateError if a later push overwrote part of this snapshot's free set.
+
+    O(1) when no push happened after the snapshot, else O(log num_pages)."""
+    if seen_writes < stack.writes.num_records and stack.lowest_write_after(seen_writes) < top:
         raise StaleAllocatorStateError(
             "this allocator state is stale: pages were freed from a state derived after it by allocation, "
             "overwriting its free list. Restore only states saved after the last free (no frees between "
@@ -98,8 +105,9 @@ def check_valid(stack: FreePageStack, top: int, seen_writes: int) -> None:
 def is_free(stack: FreePageStack, top: int, pages: np.ndarray) -> np.ndarray:
     """Boolean per page: is it in the free set of the (valid) snapshot with this `top`. O(len(pages))."""
     pos = stack.pos_of[pages]
-    inside = (pos >= 0) & (pos < top)
-    return inside & (stack.entries[np.where(inside, pos, 0)] == pages)
+    # pos_of is in [0, num_pages) for pages 1..num_pages and -1 only for page 0, which `entries` never
+    # holds: entries[-1] != 0, so page 0 reads as not free without a separate `pos >= 0` mask.
+    return (pos < top) & (stack.entries[pos] == pages)
 
 
 def pop(stack: FreePageStack, top: int, num_pages: int) -> tuple[int, np.ndarray]:

@@ -81,7 +81,8 @@ def make_swa_allocator(num_full_pages: int, num_swa_pages: int, page_size: int =
 
 
 def check_state(state: SWAAllocatorState) -> None:
-    """Raise StaleAllocatorStateError if `state` can no longer be used. O(log num_pages)."""
+    """Raise StaleAllocatorStateError if `state` can no longer be used. O(log num_pages); O(1) when nothing
+    was written after `state` (the latest state; `SuffixMinLog.min_after` answers at once)."""
     if state.mapping.num_zeroings != state.seen_zeroings:
         raise StaleAllocatorStateError(
             "this SWA allocator state is stale: slots were freed after it was saved (frees zero the shared "
@@ -115,13 +116,13 @@ def _out_of_slots(state: SWAAllocatorState, num_pages: int) -> OutOfSlots | None
 def _take_mapped_pages(
     state: SWAAllocatorState, num_pages: int
 ) -> tuple[SWAAllocatorState, np.ndarray] | OutOfSlots:
-    """`num_pages` full pages, each mapped to a fresh SWA page; returns the full pages."""
-    check_state(state)
+    """`num_pages` (>= 1) full pages, each mapped to a fresh SWA page; returns the full pages. The caller
+    has run `check_state(state)`."""
     short = _out_of_slots(state, num_pages)
     if short is not None:
         return short
-    full, full_pages = A.alloc_pages(state.full, num_pages)
-    swa, swa_pages = A.alloc_pages(state.swa, num_pages)
+    full, full_pages = A.pop_checked_pages(state.full, num_pages)
+    swa, swa_pages = A.pop_checked_pages(state.swa, num_pages)
     state.mapping.swa_page_of[full_pages] = swa_pages
     seen = state.mapping.alloc_writes.record(-state.full.top)
     return SWAAllocatorState(full, swa, state.mapping, state.seen_zeroings, seen), full_pages
@@ -131,6 +132,7 @@ def alloc(state: SWAAllocatorState, num_slots: int) -> tuple[SWAAllocatorState, 
     """n full slots (page-major), with n SWA slots mapped behind them; OutOfSlots if either side is short."""
     if num_slots <= 0:
         raise InvalidAllocRequestError(f"alloc needs num_slots >= 1, got {num_slots}")
+    check_state(state)
     result = _take_mapped_pages(state, -(-num_slots // state.page_size))
     if isinstance(result, OutOfSlots):
         return result
@@ -171,13 +173,17 @@ def _owned_full_pages(state: SWAAllocatorState, slots: np.ndarray) -> np.ndarray
 
 
 def _free_sides(state: SWAAllocatorState, full_pages: np.ndarray, free_full: bool) -> SWAAllocatorState:
+    """Free `full_pages` (distinct, allocated in the checked `state`) and/or their SWA pages. Validates the
+    SWA side before writing either side; the pushes then skip the checks already made."""
     swa_pages = state.mapping.swa_page_of[full_pages]
-    swa_pages = np.sort(swa_pages[swa_pages != 0])
-    if swa_pages.size != np.unique(swa_pages).size:
+    swa_pages = swa_pages[swa_pages != 0]
+    swa_pages.sort()
+    if swa_pages.size > 1 and (swa_pages[1:] == swa_pages[:-1]).any():
         raise DoubleFreeError("two full pages map to one SWA page; the mapping is corrupt")
-    A.check_not_free(state.swa, swa_pages)  # validate both sides before writing either
-    swa = A.free_pages(state.swa, swa_pages)
-    full = A.free_pages(state.full, full_pages) if free_full else state.full
+    if swa_pages.size:
+        A.check_not_free(state.swa, swa_pages)  # validate both sides before writing either
+    swa = A.push_checked_pages(state.swa, swa_pages)
+    full = A.push_checked_pages(state.full, full_pages) if free_full else state.full
     state.mapping.swa_page_of[full_pages] = 0
     state.mapping.num_zeroings += 1
     m = state.mapping
@@ -247,16 +253,25 @@ def free_groups(state: SWAAllocatorState, groups: list[np.ndarray]) -> SWAAlloca
 
 
 def swa_slots_of(state: SWAAllocatorState, slots: np.ndarray) -> np.ndarray:
-    """The SWA slot of each full slot; 0 where none is mapped or the full page is not allocated."""
+    """The SWA slot of each full slot (same shape); 0 where none is mapped or the full page is not allocated.
+
+    Raises SlotRangeError for a slot outside `[page_size, slot_limit)` and StaleAllocatorStateError for a
+    stale state. One call for many slots costs about as much as one for a few (a handful of numpy ops), so
+    batch: `KVCache.page_ids_many` maps every request of a step at once.
+    """
     arr = np.asarray(slots, dtype=SLOT_DTYPE)
     flat = arr.reshape(-1)
-    A.pages_of_slots(state.full, flat)
+    A.check_slot_range(state.full, flat)
     check_state(state)
     p = state.page_size
-    pages = flat // p
-    swa_pages = state.mapping.swa_page_of[pages]
-    swa_pages = np.where(page_stack.is_free(state.full.stack, state.full.top, pages), 0, swa_pages)
-    return np.where(swa_pages != 0, swa_pages * p + flat % p, 0).reshape(arr.shape)
+    pages = flat // p if p > 1 else flat
+    swa_pages = state.mapping.swa_page_of[pages]  # a fresh array (fancy indexing)
+    swa_pages[page_stack.is_free(state.full.stack, state.full.top, pages)] = 0
+    if p == 1:
+        return swa_pages.reshape(arr.shape)
+    out = swa_pages * p + flat % p
+    out[swa_pages == 0] = 0
+    return out.reshape(arr.shape)
 
 
 def free_slot_ids(state: SWAAllocatorState) -> np.ndarray:
