@@ -87,11 +87,12 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     on the host. A request's token that is still pending (sampled by the step in flight) is taken on device
     from that step's row `prev_rows[req]`. Rows of sequences that do not sample get greedy padding params."""
     steps, tokens, rows, from_prev = [], [], [], []
+    stops = [seq.start + seq.num_tokens for seq in seqs]
+    fulls, swas = kv.page_ids_many([seq.req.cached for seq in seqs], stops)  # one allocator call per step
     t = 0
-    for seq in seqs:
-        req, stop = seq.req, seq.start + seq.num_tokens
-        full, swa = kv.page_ids(req.cached, stop)
-        steps.append(SequenceStep(seq.num_tokens, stop, full, swa))
+    for i, (seq, stop) in enumerate(zip(seqs, stops, strict=True)):
+        req = seq.req
+        steps.append(SequenceStep(seq.num_tokens, stop, fulls[i], None if swas is None else swas[i]))
         known = req.fill_ids()[seq.start:stop]
         if known.shape[0] < seq.num_tokens:  # the last token is pending: one at most
             if prev_rows is None or req not in prev_rows or known.shape[0] + 1 != seq.num_tokens:
