@@ -5,15 +5,31 @@ tokens each) fill the prefix tree, then "You are a helpful, respectful and hones
 tokens. With bigram keys, the cached prefix carries draft KV computed with the true next token, so the
 acc_length equals the one without the radix cache (and is > 1: the head is trained).
 
-Control (test-only switch: the tree rebuilt with token keys): each cached position's draft KV was written by
-the request that ended in the junk token there, so it was computed with the wrong next token. Over >= 30
-prompt families (growing prefixes ending in junk, then the full prompt) the draft's top-1 at the cached
-positions (its prediction two tokens on, recorded when the slot's draft KV was written) agrees less with the
-target, and the paired acc_length is lower, than with bigram keys. Agreement is with the target's own greedy
-choice there (from an independent full-sequence forward of the target): what acceptance depends on.
-The full prompts decode 6 tokens: the stale KV hurts the rounds right after the prefix; measured on the
-shipped pair, agreement 0.381 (bigram) vs 0.031 (token keys), acc_length 2.157 vs 2.065 over 6 tokens, but
-2.051 vs 2.071 over 20 tokens (later rounds attend mostly to fresh KV and the difference is noise).
+Control (test-only switch: the tree rebuilt with token keys, `jaxserve.bench.bigram_control`): each cached
+position's draft KV was written by the request that ended in the junk token (or a generated one) there, so it
+was computed with the wrong next token. Prompt families: growing prefixes `prompt[:k] + " xxx"` (3 new tokens
+each, one batch per k), then the full prompts. Measured: the draft's top-1 at the cached positions of the full
+prompts (its prediction two tokens on, recorded when the slot's draft KV was written) against the target's
+own greedy choice there (independent full-sequence forward), and the paired per-family acc_length (completion
+tokens / verify rounds), bigram minus token keys.
+
+Exploration (32 first docstring lines of stdlib callables, the set this test used before; 6 new tokens;
+diff = mean paired acc_length difference +- standard error, bigram > / = / < token families):
+  cap 14 tokens (mean 13.3, 360 cached positions): agreement 0.381 vs 0.031; diff +0.031 +- 0.100
+  (10/16/6); over 20 new tokens -0.045 +- 0.049 (8/15/9); first verify round only +0.250 +- 0.174 (7/21/4).
+  No measurable acc_length effect.
+  cap 24 tokens (mean 17.6, 499 positions): agreement 0.421 vs 0.030; diff +0.275 +- 0.084 (14/17/1); first
+  round +0.781 +- 0.200 (16/12/4); over 20 new tokens +0.134 +- 0.048 (15/13/4).
+Design fixed from that, before any confirmation run: longest stale prefixes, few new tokens. 32 held-out
+corpus documents (`is_heldout(doc, 0.03)`, never trained on, disjoint from the docstring families), the first
+32 with >= 32 tokens, their first 32 tokens as prompts (30 cached positions each); 6 new tokens; primary
+statistic the paired per-family acc_length difference (confirmed if > 0 and > 2 standard errors), secondary
+the pooled agreement.
+Confirmation (960 cached positions): agreement 0.543 (bigram) vs 0.026 (token keys); acc_length 2.028 vs
+1.859, diff +0.169 +- 0.077 (10/19/3); first round +0.312 +- 0.158 (10/19/3), first 3 rounds +0.286 +- 0.087
+(16/12/4). Over 20 new tokens it fades: +0.152 +- 0.062 (19/8/5) here, and on the docstring families from
++0.275 to +0.134 (cap 24) or to noise (cap 14): later rounds attend mostly to fresh KV.
+This test runs the confirmed design and asserts agreement and the paired mean acc_length difference.
 
 Runs against `jaxserve.assets.EMBEDDED_MODEL_DIR` (or the directory in JAXSERVE_SPEC_PAIR_DIR, with the head
 in its `draft/`).
@@ -21,13 +37,8 @@ in its `draft/`).
 
 from __future__ import annotations
 
-import inspect
 import os
-import string
-import textwrap
 from pathlib import Path
-
-import numpy as np
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.engine import Engine
@@ -42,17 +53,6 @@ def make_engine(**kwargs) -> Engine:
     return Engine(model_path=str(PAIR_DIR), speculative_algorithm="EAGLE3",
                   speculative_draft_model_path=str(PAIR_DIR / "draft"), speculative_num_steps=2,
                   max_total_tokens=8192, chunked_prefill_size=1024, max_running_requests=32, **kwargs)
-
-
-def use_token_keys(engine: Engine) -> None:
-    """The control's switch: an empty tree that keys tokens, not bigrams (before any request)."""
-    from cache import RadixCache, SWARadixCache
-
-    kv = engine.kv
-    if kv.hybrid:
-        kv.tree = SWARadixCache(kv.allocator, sliding_window=kv.tree.sliding_window, page_size=kv.page_size)
-    else:
-        kv.tree = RadixCache(kv.allocator, page_size=kv.page_size)
 
 
 def test_seed_scenario_acc_length_same_with_and_without_radix_cache():
@@ -72,70 +72,26 @@ def test_seed_scenario_acc_length_same_with_and_without_radix_cache():
     assert acc[False][0] == acc[True][0] > 1
 
 
-def _families(tokenizer, count: int = 32, max_tokens: int = 14) -> list[list[int]]:
-    """First docstring lines of standard-library callables, as token ids (6 .. max_tokens tokens)."""
-    out = []
-    for module in (string, textwrap, inspect, os.path, np.lib.npyio if hasattr(np.lib, "npyio") else np):
-        for name in sorted(dir(module)):
-            doc = inspect.getdoc(getattr(module, name, None)) or ""
-            line = doc.strip().split("\n")[0]
-            ids = tokenizer.encode(line)
-            if len(line.split()) >= 4 and len(ids) >= 6:
-                out.append(ids[:max_tokens])
-            if len(out) == count:
-                return out
-    return out
-
-
-def _target_greedy(engine: Engine, families) -> list[np.ndarray]:
-    """argmax of the target's logits at every position of each prompt (one full forward each)."""
-    from tests.models.helpers import Runner, full_logits
-
-    runner = Runner(engine.model)
-    return [full_logits(runner, f)[0].argmax(-1) for f in families]
-
-
-def _run_families(engine: Engine, families, junk: list[int], greedy) -> tuple[float, float]:
-    """Growing prefixes + junk (one batch per length), then the full prompts: returns the draft top-1
-    agreement with the target's greedy choice at the cached positions of the full prompts, and their pooled
-    acc_length."""
-    engine.spec.record_draft_top1()
-    for k in range(1, max(len(f) for f in families)):
-        batch = [f[:k] + junk for f in families if k < len(f)]
-        engine.generate(input_ids=batch, sampling_params={**GREEDY, "max_new_tokens": 3})
-    hits, total, from_cache = 0, 0, 0
-    tree = engine.kv.tree
-    for f, target in zip(families, greedy, strict=True):
-        from cache.keys import RadixKey
-
-        slots, _ = tree.match_prefix(RadixKey.of(f[:-1], bigram=tree.eagle))
-        for i, slot in enumerate(slots[: len(f) - 2]):  # the draft at i predicts token i + 2
-            hits += int(engine.spec.slot_top1[slot] == target[i + 1])
-            total += 1
-        from_cache += len(slots)
-    outs = engine.generate(input_ids=families, sampling_params={**GREEDY, "max_new_tokens": 6,
-                                                                "ignore_eos": True})
-    assert sum(o["meta_info"]["cached_tokens"] for o in outs) > 0 and from_cache > 0
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
-    return hits / total, tokens / rounds
-
-
 def test_control_token_keys_make_cached_draft_kv_stale():
-    bigram = make_engine()
-    families = _families(bigram.tokenizer)
-    assert len(families) >= 30
-    junk = bigram.tokenizer.encode(" xxx")
-    greedy = _target_greedy(bigram, families)
-    agree_bigram, acc_bigram = _run_families(bigram, families, junk, greedy)
-    token = make_engine()
+    from jaxserve.bench.bigram_control import control, heldout_families, use_token_keys
+    from jaxserve.bench.bigram_control import make_engine as bench_engine
+
+    bigram = bench_engine(str(PAIR_DIR), str(PAIR_DIR / "draft"))
+    token = bench_engine(str(PAIR_DIR), str(PAIR_DIR / "draft"))
     use_token_keys(token)
-    agree_token, acc_token = _run_families(token, families, junk, greedy)
-    print(f"control over {len(families)} families: top-1 agreement at cached positions bigram "
-          f"{agree_bigram:.3f} vs token {agree_token:.3f} (diff {agree_bigram - agree_token:+.3f}); "
-          f"acc_length bigram {acc_bigram:.3f} vs token {acc_token:.3f} (diff {acc_bigram - acc_token:+.3f})")
-    assert agree_token < agree_bigram
-    assert acc_token < acc_bigram
+    prompts = heldout_families(bigram.tokenizer, count=32, max_tokens=32, min_tokens=32)
+    assert len(prompts) >= 30
+    r = control(bigram, token, prompts, new_tokens=6, rounds=[1], junk=bigram.tokenizer.encode(" xxx"))
+    acc, first = r["acc_length"]["all"], r["acc_length"]["1"]
+    print(f"control over {r['families']} held-out families x {r['cached_positions']} cached positions: top-1 "
+          f"agreement bigram {r['agreement_bigram']:.3f} vs token {r['agreement_token']:.3f}; acc_length "
+          f"(6 new tokens) bigram {acc['bigram']:.3f} vs token {acc['token']:.3f}, paired diff "
+          f"{acc['diff_mean']:+.3f} +- {acc['diff_se']:.3f} (bigram >/=/< token: {acc['wins']}/{acc['ties']}/"
+          f"{acc['losses']}); first round {first['diff_mean']:+.3f} +- {first['diff_se']:.3f}")
+    assert r["identical_outputs"]  # greedy speculative decoding is lossless whatever the draft KV
+    assert r["cached_positions"] >= 30 * len(prompts)
+    assert r["agreement_token"] < r["agreement_bigram"]
+    assert acc["diff_mean"] > 0
 
 
 def test_pooled_acc_length_on_held_out_prompts():
