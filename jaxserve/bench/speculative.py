@@ -3,27 +3,40 @@
     python -m jaxserve.bench.speculative                       # batch sizes 1, 8, 32
     python -m jaxserve.bench.speculative --batch-sizes 1 8 --output-len 32
     python -m jaxserve.bench.speculative --model-path DIR      # DIR/draft holds the EAGLE-3 head
+    python -m jaxserve.bench.speculative --repeats 5           # timed passes per engine (default 3)
 
 For each batch size B, B prompts (first docstring lines of standard-library callables, a text the embedded
 model was trained on) decode `--output-len` tokens greedily, EOS ignored, on two engines over the same
 weights: plain, and EAGLE-3 chain drafting (`--num-steps`, default 2, i.e. 3 tokens verified per round; or
 tree drafting with `--topk K --num-draft-tokens N`).
-Each engine runs the batch once untimed (compiles its shapes), then once timed from an empty prefix cache.
-Reported per batch size (one JSON line each, then a table): output tokens/s of both, their ratio, pooled
-acc_length (completion tokens / verify rounds) and the histogram of drafts accepted per round. Outputs of
-the two engines are compared token for token (greedy speculative decoding is lossless).
+Each engine runs the batch once untimed (compiles its shapes). Then `--repeats` timed passes per engine,
+each from an empty prefix cache after a `gc.collect()`, alternating the engines in ABBA order (plain, spec,
+spec, plain, ...) so drift and order effects (caches, clocks, other load) hit both alike. Every XLA
+compilation in the process is counted (`jax.monitoring`'s backend-compile event) together with the
+engines' own compile counters (`ModelRunner.num_compiles`, `EagleWorker.num_compiles`); a compilation
+during a timed pass means that pass timed a compile: it is reported (`compiles_during_timing`) and warned
+about on stderr.
+Reported per batch size (one JSON line each, then a table): output tokens/s of both from the median wall
+time of their timed passes (and from the fastest pass, `*_best`), every pass's wall time, the ratio of the
+medians, pooled acc_length (completion tokens / verify rounds, last pass) and the histogram of drafts
+accepted per round. Outputs of every pass of both engines are compared token for token (greedy
+speculative decoding is lossless; repeated passes are deterministic).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
+import statistics
 import string
+import sys
 import textwrap
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
@@ -41,13 +54,65 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(count)]
 
 
-def timed(engine: Engine, batch, output_len: int) -> tuple[float, list[dict]]:
-    params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
-    engine.generate(input_ids=batch, sampling_params=params)  # compile
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileCounter:
+    """Counts XLA backend compilations in this process, of any jitted function (a context manager)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _on_event(self, event: str, duration_secs: float, **kwargs) -> None:
+        if event == COMPILE_EVENT:
+            self.count += 1
+
+    def __enter__(self) -> CompileCounter:
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._on_event)
+
+
+def engine_compiles(engine: Engine) -> int:
+    """The engine's own executables: the step's bucket shapes plus the speculative worker's."""
+    total = engine.runner.num_compiles
+    if engine.spec is not None:
+        total += sum(engine.spec.num_compiles.values())
+    return total
+
+
+def timed_pass(engine: Engine, batch, params: dict, counter: CompileCounter) -> tuple[float, list[dict], int]:
+    """One generate of `batch` from an empty prefix cache: (wall s, outputs, compilations during it)."""
     engine.flush_cache()
+    gc.collect()
+    before, before_engine = counter.count, engine_compiles(engine)
     start = time.perf_counter()
     outs = engine.generate(input_ids=batch, sampling_params=params)
-    return time.perf_counter() - start, outs
+    wall = time.perf_counter() - start
+    return wall, outs, max(counter.count - before, engine_compiles(engine) - before_engine)
+
+
+def measure(engines: dict[str, Engine], batch, output_len: int, repeats: int,
+            counter: CompileCounter) -> dict[str, dict]:
+    """Untimed compile pass per engine, then `repeats` timed passes each in ABBA order. Per engine: wall
+    times, outputs of the last pass, compilations during timed passes, whether all passes agreed."""
+    params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
+    for engine in engines.values():
+        engine.generate(input_ids=batch, sampling_params=params)  # compile
+    res = {name: {"walls": [], "outs": None, "compiles": 0, "deterministic": True} for name in engines}
+    names = list(engines)
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            wall, outs, compiles = timed_pass(engines[name], batch, params, counter)
+            r = res[name]
+            r["walls"].append(wall)
+            r["compiles"] += compiles
+            if r["outs"] is not None:
+                r["deterministic"] &= [o["output_ids"] for o in outs] == [o["output_ids"] for o in r["outs"]]
+            r["outs"] = outs
+    return res
 
 
 def main(argv=None) -> dict:
@@ -59,7 +124,10 @@ def main(argv=None) -> dict:
     p.add_argument("--num-steps", type=int, default=2)
     p.add_argument("--topk", type=int, default=1, help="> 1: tree drafting (needs --num-draft-tokens)")
     p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per engine and batch size")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     draft_path = args.draft_path or str(Path(args.model_path) / "draft")
     common = dict(max_total_tokens=16384, chunked_prefill_size=2048,
                   max_running_requests=max(args.batch_sizes))
@@ -69,27 +137,42 @@ def main(argv=None) -> dict:
                   speculative_eagle_topk=args.topk, speculative_num_draft_tokens=args.num_draft_tokens,
                   **common)
     results = {}
-    for bs in args.batch_sizes:
-        batch = prompts(plain.tokenizer, bs)
-        wall_plain, outs_plain = timed(plain, batch, args.output_len)
-        wall_spec, outs_spec = timed(spec, batch, args.output_len)
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs_spec)
-        rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs_spec)
-        accepted = np.concatenate([o["meta_info"]["spec_accept_lengths"] for o in outs_spec]).astype(int)
-        row = {"batch_size": bs, "output_len": args.output_len, "num_steps": args.num_steps,
-               "topk": args.topk,
-               "plain_tokens_per_s": round(tokens / wall_plain, 1),
-               "eagle3_tokens_per_s": round(tokens / wall_spec, 1),
-               "speedup": round(wall_plain / wall_spec, 3), "acc_length": round(tokens / rounds, 3),
-               "accepted_drafts_histogram": np.bincount(accepted, minlength=args.num_steps + 1).tolist(),
-               "identical_outputs": [o["output_ids"] for o in outs_plain] ==
-                                    [o["output_ids"] for o in outs_spec]}
-        results[bs] = row
-        print(json.dumps(row), flush=True)
-    print(f"\n{'batch':>5} {'plain tok/s':>12} {'eagle3 tok/s':>13} {'speedup':>8} {'acc_len':>8}  histogram")
+    with CompileCounter() as counter:
+        for bs in args.batch_sizes:
+            batch = prompts(plain.tokenizer, bs)
+            res = measure({"plain": plain, "eagle3": spec}, batch, args.output_len, args.repeats, counter)
+            outs_plain, outs_spec = res["plain"]["outs"], res["eagle3"]["outs"]
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs_spec)
+            rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs_spec)
+            accepted = np.concatenate([o["meta_info"]["spec_accept_lengths"] for o in outs_spec]).astype(int)
+            med = {k: statistics.median(r["walls"]) for k, r in res.items()}
+            best = {k: min(r["walls"]) for k, r in res.items()}
+            compiles = {k: r["compiles"] for k, r in res.items()}
+            row = {"batch_size": bs, "output_len": args.output_len, "num_steps": args.num_steps,
+                   "topk": args.topk, "repeats": args.repeats,
+                   "plain_tokens_per_s": round(tokens / med["plain"], 1),
+                   "eagle3_tokens_per_s": round(tokens / med["eagle3"], 1),
+                   "plain_tokens_per_s_best": round(tokens / best["plain"], 1),
+                   "eagle3_tokens_per_s_best": round(tokens / best["eagle3"], 1),
+                   "plain_walls_s": [round(w, 4) for w in res["plain"]["walls"]],
+                   "eagle3_walls_s": [round(w, 4) for w in res["eagle3"]["walls"]],
+                   "speedup": round(med["plain"] / med["eagle3"], 3), "acc_length": round(tokens / rounds, 3),
+                   "accepted_drafts_histogram": np.bincount(accepted, minlength=args.num_steps + 1).tolist(),
+                   "compiles_during_timing": compiles,
+                   "identical_outputs": res["plain"]["deterministic"] and res["eagle3"]["deterministic"]
+                   and [o["output_ids"] for o in outs_plain] == [o["output_ids"] for o in outs_spec]}
+            if any(compiles.values()):
+                print(f"WARNING: batch {bs}: XLA compilations during timed passes {compiles}; those passes "
+                      "include compile time", file=sys.stderr, flush=True)
+            results[bs] = row
+            print(json.dumps(row), flush=True)
+    print(f"\n{'batch':>5} {'plain tok/s':>12} {'(best)':>8} {'eagle3 tok/s':>13} {'(best)':>8} "
+          f"{'speedup':>8} {'acc_len':>8}  histogram")
     for bs, r in results.items():
-        print(f"{bs:>5} {r['plain_tokens_per_s']:>12} {r['eagle3_tokens_per_s']:>13} {r['speedup']:>8} "
+        print(f"{bs:>5} {r['plain_tokens_per_s']:>12} {r['plain_tokens_per_s_best']:>8} "
+              f"{r['eagle3_tokens_per_s']:>13} {r['eagle3_tokens_per_s_best']:>8} {r['speedup']:>8} "
               f"{r['acc_length']:>8}  {r['accepted_drafts_histogram']}")
+    print(f"(tok/s: median of {args.repeats} timed passes per engine, ABBA order; best: fastest pass)")
     return results
 
 
