@@ -42,7 +42,7 @@ from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import Buckets, build_step_input
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SeedSource
-from jaxserve.speculative.loading import check_speculative_params, load_draft
+from jaxserve.speculative.loading import load_draft
 from jaxserve.speculative.schedule import SpecScheduler
 from jaxserve.speculative.worker import EagleWorker
 
@@ -88,7 +88,7 @@ class Engine:
         self.scheduler = scheduler_cls(self.kv, max_tokens=args.chunked_prefill_size,
                                        max_running=args.max_running_requests,
                                        set_penalty_row=self.runner.set_penalty_row)
-        self.spec = EagleWorker(model, draft_model, self.kv, self.scheduler, self.buckets,
+        self.spec = EagleWorker(model, draft_model, self.kv, self.scheduler, self.buckets, runner=self.runner,
                                 num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
                                 num_draft_tokens=args.num_draft_tokens,
                                 context_length=self.context_length) if speculative else None
@@ -116,8 +116,6 @@ class Engine:
         ids, params = prepare_request(item, params, index, tokenizer=self.tokenizer,
                                       vocab_size=self.vocab_size, context_length=self.context_length,
                                       kv=self.kv)
-        if self.spec is not None:
-            check_speculative_params(params, index, tree=self.args.speculative_eagle_topk > 1)
         return ids, params
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:

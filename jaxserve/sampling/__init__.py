@@ -25,6 +25,7 @@ from jaxserve.sampling.penalties import (
     clear_rows,
     mark_prompt_tokens,
     new_penalty_pool,
+    penalise,
     update_counts,
 )
 from jaxserve.sampling.sampler import SampleOutput, row_keys, sample
@@ -52,6 +53,7 @@ __all__ = [
     "filter_cutoffs",
     "mark_prompt_tokens",
     "new_penalty_pool",
+    "penalise",
     "row_keys",
     "sample",
     "seed_words",

@@ -73,6 +73,13 @@ def apply_penalties(logits: jax.Array, batch: SamplingBatch, pool: PenaltyPool) 
     penalties are neutral, or whose pool row is out of range (NO_PENALTY_ROW), come back bit-identical.
     """
     counts = jnp.take(pool.output_counts, batch.penalty_rows, axis=0, mode="clip")
+    return penalise(logits, batch, counts, pool)
+
+
+def penalise(logits: jax.Array, batch: SamplingBatch, counts: jax.Array, pool: PenaltyPool) -> jax.Array:
+    """`apply_penalties` with the output counts given per row: `counts i32[S, V]` (e.g. a row's pool counts
+    plus tokens drafted before its position, for speculative verification); the prompt mask still comes
+    from the pool rows `batch.penalty_rows`."""
     in_prompt = jnp.take(pool.prompt_mask, batch.penalty_rows, axis=0, mode="clip")
     repetition = batch.repetition_penalty[:, None]
     seen = in_prompt | (counts > 0)

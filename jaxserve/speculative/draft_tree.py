@@ -11,8 +11,9 @@ the next frontier. Candidates: the K depth-1 nodes and the K*K children of every
 Verify: the `num_draft_tokens - 1` best-scored candidates (parents score higher than children, so the set
 is closed under parents; ties keep shallower nodes) plus the last known token `x` as the root, at key
 indices n .. n+N-1, rope positions n + depth, each seeing the prefix, its ancestors and itself
-(`AttentionMetadata.custom_mask`). Accept: from the root, follow the child whose token is the target's
-argmax at the current node; the argmax where no child matches is the extra token. The accepted nodes' target
+(`AttentionMetadata.custom_mask`). Accept: `rejection.verify_tree` walks the tree from the root (greedy:
+the child whose token is the target's argmax; sampled requests: exact rejection sampling over the children,
+best-scored first), in the same jitted call as the verify. The accepted nodes' target
 KV is then moved (`move_kv`, all layers, both pool groups) to the consecutive slots n+1 .. n+a, so the
 request's KV stays a plain sequence; the draft extend rewrites the draft KV there.
 """
@@ -29,6 +30,10 @@ from flax import nnx
 
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.memory.kv_pool import move_kv
+from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
+from jaxserve.speculative.rejection import count_emitted, verify_tree
+
+_PAD_PARAMS = SamplingParams(temperature=0.0)
 
 
 @functools.lru_cache(maxsize=8)
@@ -36,8 +41,9 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
     scratch = (num_steps - 1) * topk
 
     @functools.partial(jax.jit, donate_argnames=("dpool",))
-    def draft_tree(dparams, dpool, emb, top_ids, top_logp, hidden, metas, prefix_lens):
+    def draft_tree(dparams, dpool, emb, states, state_rows, metas, prefix_lens):
         draft = nnx.merge(dgraph, dparams)
+        top_ids, top_logp, hidden = (x[state_rows] for x in states)
         rows, k = top_ids.shape
         tokens, scores = top_ids, top_logp
         anc = jnp.zeros((rows, k, scratch), bool)
@@ -73,11 +79,15 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
         return dpool, (jnp.concatenate(cand_tok, 1), jnp.concatenate(cand_score, 1),
                        jnp.concatenate(cand_parent, 1))
 
-    @functools.partial(jax.jit, donate_argnames=("pools",))
-    def verify_tree(tparams, pools, input_ids, meta):
-        logits, pools, aux = nnx.merge(tgraph, tparams)(input_ids, meta, pools, return_all_logits=True)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        return pools, jnp.argmax(logits, -1).astype(jnp.int32), logp.max(-1), aux
+    @functools.partial(jax.jit, donate_argnames=("pools", "penalties"))
+    def verify_round(tparams, pools, penalties, tokens, children, parents, meta, sampling):
+        logits, pools, aux = nnx.merge(tgraph, tparams)(tokens.reshape(-1), meta, pools,
+                                                        return_all_logits=True)
+        verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
+                              parents=parents)
+        rows, nodes = tokens.shape
+        penalties = count_emitted(penalties, verdict, sampling.penalty_rows.reshape(rows, nodes)[:, 0])
+        return pools, penalties, verdict, aux
 
     @functools.partial(jax.jit, donate_argnames=("pools",))
     def compact(pools, src, dst, swa_src, swa_dst):
@@ -85,7 +95,7 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
             return move_kv(pools, src, dst)
         return pools.replace(full=move_kv(pools.full, src, dst), swa=move_kv(pools.swa, swa_src, swa_dst))
 
-    return draft_tree, verify_tree, compact
+    return draft_tree, verify_round, compact
 
 
 def select_tree(tok, score, parent, num_nodes: int):
@@ -107,27 +117,27 @@ def select_tree(tok, score, parent, num_nodes: int):
 
 
 class TreeDrafter:
-    """The tree path of an `EagleWorker` (greedy requests only)."""
+    """The tree path of an `EagleWorker`."""
 
     def __init__(self, worker, tgraph, dgraph) -> None:
         self.w = worker
         self.k = worker.topk
-        self._draft_tree, self._verify_tree, self._compact = _make_tree_fns(tgraph, dgraph, worker.num_steps,
-                                                                            worker.topk)
+        self._draft_tree, self._verify_round, self._compact = _make_tree_fns(tgraph, dgraph,
+                                                                             worker.num_steps, worker.topk)
         self.draft_tokens = tuple(b * self.k for b in worker.seq_buckets)
+
+    @property
+    def num_compiles(self) -> dict[str, int]:
+        return {"draft_tree": self._draft_tree._cache_size(), "verify_tree": self._verify_round._cache_size(),
+                "compact": self._compact._cache_size()}
 
     def _draft(self, reqs, starts):
         w, kv, k, steps = self.w, self.w.kv, self.k, self.w.num_steps
-        rows = pick_bucket(len(reqs), w.seq_buckets, "num_seqs")
-        hidden0 = w.state[reqs[0]][2]
-        top_ids = np.zeros((rows, k), np.int32)
-        top_logp = np.full((rows, k), -1e9, np.float32)
-        hidden = np.zeros((rows, hidden0.shape[0]), hidden0.dtype)
-        for i, req in enumerate(reqs):
-            top_ids[i], top_logp[i], hidden[i] = w.state[req]
+        state_rows = w.state_rows(reqs)
+        rows = state_rows.shape[0]
         if steps == 1:
-            empty = np.full((rows, k), -1, np.int32)
-            return top_ids, top_logp, empty
+            top_ids, top_logp = jax.device_get((w.states[0][state_rows], w.states[1][state_rows]))
+            return top_ids, top_logp, np.full((rows, k), -1, np.int32)
         scratch = (steps - 1) * k
         backup = kv.allocator.state
         if not kv.extend_many([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
@@ -142,66 +152,66 @@ class TreeDrafter:
         stacked = jax.tree.map(lambda *xs: np.stack(xs), *metas)
         prefix = np.zeros(rows, np.int32)
         prefix[: len(starts)] = starts
-        w.dpool, cands = self._draft_tree(w.dparams, w.dpool, w.emb, top_ids, top_logp, hidden, stacked,
-                                          prefix)
-        cands = tuple(np.asarray(c) for c in cands)
+        w.dpool, cands = self._draft_tree(w.dparams, w.dpool, w.emb, w.states, state_rows, stacked, prefix)
+        cands = jax.device_get(cands)
         for req, n in zip(reqs, starts, strict=True):
             req.cached.kv_slots = req.cached.kv_slots[:n]
-        kv.allocator.state = backup
+        kv.allocator.state = backup  # the scratch slots go back: nothing was freed since the backup
         return cands
 
     def draft_and_verify(self, reqs, starts):
-        w, kv, nv = self.w, self.w.kv, self.w.num_verify
+        w, kv, nv, k = self.w, self.w.kv, self.w.num_verify, self.k
         tok, score, parent = self._draft(reqs, starts)
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
-        trees, steps, masks, ids = [], [], [], []
+        num_rows = tok.shape[0]
+        tokens = np.zeros((num_rows, nv), np.int32)
+        parents = np.full((num_rows, nv), -2, np.int32)
+        children = np.full((num_rows, nv, k), -1, np.int32)
+        depths, steps, masks = [], [], []
         for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
-            tokens, parents, depths = select_tree(tok[i], score[i], parent[i], nv - 1)
-            pad = nv - len(tokens)  # dropped nodes: padding leaves that match nothing
-            tokens, parents, depths = tokens + [0] * pad, parents + [-2] * pad, depths + [1] * pad
-            tokens[0] = req.output_ids[-1]
-            trees.append((tokens, parents))
+            toks, pars, deps = select_tree(tok[i], score[i], parent[i], nv - 1)
+            pad = nv - len(toks)  # dropped nodes: padding leaves that no walk reaches
+            toks, pars, deps = toks + [0] * pad, pars + [-2] * pad, deps + [1] * pad
+            toks[0] = req.output_ids[-1]
+            tokens[i], parents[i] = toks, pars
+            filled = np.zeros(nv, np.int32)
+            for v in range(1, nv):  # children in index order = best-scored first among siblings
+                if pars[v] >= 0:
+                    children[i, pars[v], filled[pars[v]]] = v
+                    filled[pars[v]] += 1
+            depths.append(deps)
             full, swa = kv.page_ids(req.cached, n + nv)
-            steps.append(SequenceStep(nv, n + nv, full, swa, positions=[n + d for d in depths]))
+            steps.append(SequenceStep(nv, n + nv, full, swa, positions=[n + d for d in deps]))
             mask = np.zeros((nv, n + nv), bool)
             mask[:, :n] = True
             for v in range(nv):
                 u = v
                 while u >= 0:
                     mask[v, n + u] = True
-                    u = parents[u] if parents[u] >= 0 else -1
+                    u = pars[u] if pars[u] >= 0 else -1
             masks.append(mask)
-            ids += tokens
         width = max(m.shape[1] for m in masks)
-        custom = np.zeros((len(ids), width), bool)
+        custom = np.zeros((len(reqs) * nv, width), bool)
         for i, m in enumerate(masks):
             custom[i * nv:(i + 1) * nv, : m.shape[1]] = m
         meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid, custom_mask=custom,
                                         token_buckets=w.verify_tokens, seq_buckets=w.seq_buckets,
                                         page_buckets=w.page_buckets)
-        input_ids = np.zeros(meta.num_tokens, np.int32)
-        input_ids[: len(ids)] = ids
-        w.kv.pools, target, logp, aux = self._verify_tree(w.tparams, w.kv.pools, input_ids, meta)
-        target, logp = np.asarray(target), np.asarray(logp)
-        results, src, dst = [], [], []
-        for i, ((tokens, parents), req, n) in enumerate(zip(trees, reqs, starts, strict=True)):
-            path, cur = [0], 0
-            while True:
-                want = int(target[i * nv + cur])
-                child = next((c for c in range(1, nv) if parents[c] == cur and tokens[c] == want), None)
-                if child is None:
-                    break
-                path.append(child)
-                cur = child
-            new = [int(target[i * nv + v]) for v in path]
-            logps = [float(logp[i * nv + v]) for v in path]
+        rows = w.sampling_rows(reqs, depths)
+        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * (meta.num_tokens - len(rows))
+        w.kv.pools, w.runner.penalties, verdict, aux = self._verify_round(
+            w.tparams, w.kv.pools, w.runner.penalties, tokens, children, parents, meta,
+            build_sampling_batch(rows, meta.num_tokens))
+        results = w.results(verdict, len(reqs))
+        src, dst = [], []
+        for i, ((_, _, _, vrows), req, n) in enumerate(zip(results, reqs, starts, strict=True)):
             slots = req.cached.kv_slots
-            for j, v in enumerate(path):
+            for j, r in enumerate(vrows):
+                v = r - i * nv
                 if v != j:
                     src.append(int(slots[n + v]))
                     dst.append(int(slots[n + j]))
-            results.append((len(path) - 1, new, logps, [i * nv + v for v in path]))
         if src:
             self._move(src, dst)
             w.stats["tree_kv_moved"] += len(src)

@@ -1,4 +1,4 @@
-"""What the engine needs for `speculative_algorithm="EAGLE3"`: the draft head and the request checks."""
+"""What the engine needs for `speculative_algorithm="EAGLE3"`: the draft head."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 
 from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import InvalidRequestError
-from jaxserve.sampling import SamplingParams
 
 
 def load_draft(args: ServerArgs):
@@ -21,13 +20,3 @@ def load_draft(args: ServerArgs):
     if args.model_path is not None and (Path(args.model_path) / "config.json").exists():
         num_layers = ModelConfig.from_file(args.model_path).num_layers
     return load_eagle3_draft(args.speculative_draft_model_path, target_num_layers=num_layers)
-
-
-def check_speculative_params(params: SamplingParams, index: int, *, tree: bool = False) -> None:
-    """The speculative path verifies greedily or (chains) by rejection sampling; penalties are not tracked
-    there; tree drafting verifies greedily only."""
-    if tree and not params.is_greedy:
-        raise InvalidRequestError(f"request {index}: tree drafting (speculative_eagle_topk > 1) serves "
-                                  f"greedy requests only; got temperature={params.temperature}")
-    if params.uses_penalties:
-        raise InvalidRequestError(f"request {index}: penalties are not supported with speculative decoding")

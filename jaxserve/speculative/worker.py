@@ -1,30 +1,35 @@
-"""`EagleWorker`: EAGLE-3 speculative decoding inside the engine (chain drafting, greedy verification).
+"""`EagleWorker`: EAGLE-3 speculative decoding inside the engine (chain drafting; tree drafting in
+`draft_tree`), verified by greedy matching or exact rejection sampling (`rejection.verify_tree`).
 
 State of a decoding request with `n = num_computed` (facts: reference eagle3-gptoss.md section 3): target
 KV and draft KV at positions `[0, n)`, the last token `x` (position n) known but not computed, and from the
-draft's last step the proposal `d1` for position n + 1 with the draft hidden state that produced it.
+draft's last step its best next tokens (`d1` for position n + 1) with the draft hidden state that produced
+them. That state stays on device (`_DraftState`): a round gathers its rows with an index array, no sync.
 
 Prefill step: the target runs the chunk (writing its KV, capturing `aux` hidden states, sampling at the end of
-the prompt), then the draft runs over the same positions and slots with the input ids shifted left by one -
-position i gets token i + 1, the last one the token just sampled - in the same jitted call. This shift is why
-the prefix tree keys bigrams (`KVCache(eagle=True)`): the draft KV at i is valid only next to token i + 1.
+the prompt with the request's penalties), then the draft runs over the same positions and slots with the
+input ids shifted left by one - position i gets token i + 1, the last one the token just sampled - in the
+same jitted call. This shift is why the prefix tree keys bigrams (`KVCache(eagle=True)`): the draft KV at i
+is valid only next to token i + 1.
 
-Decode round (one per step, for every decoding request):
-1. draft: back up the allocator state, take scratch slots for positions n .. n+S-2, run the S-1 draft steps
-   in one jitted function (a Python loop unrolled under jit: no host sync between steps), then restore the
-   state (O(1), no per-slot frees). With the proposal from the previous round that makes S draft tokens.
-2. verify: take slots for positions n .. n+S, run the target over `[x, d1 .. dS]` (causal: a chain), compare
-   its greedy tokens with the drafts; the longest matching prefix (a tokens) plus the target's own next token
-   are accepted. Slots of whole pages past the new end n + a + 1 are freed.
-3. draft extend over the accepted positions n .. n+a with the now known next tokens (the accepted ones),
-   reading the verify's captured states: it rewrites the draft KV there and gives the next `d1`.
+Chain round (one per step, for every decoding request; ONE jitted call and ONE device-to-host transfer):
+1. allocate slots for positions n .. n+S (the verify span); the S-1 draft steps write their scratch draft
+   KV into the first S-1 of them (positions n .. n+S-2), a Python loop unrolled under jit with no host sync
+   between steps. The slots are the verify's own, so nothing is borrowed and returned on this path (the tree
+   path borrows a wider scratch and returns it by restoring the allocator's previous immutable state).
+2. verify: the target runs over `[x, d1 .. dS]` (causal: a chain); `rejection.verify_tree` walks it (greedy
+   match or rejection sampling, penalties counting the drafted tokens) and the penalty counts take the
+   emitted tokens, in the same call. The host reads the verdict: a accepted drafts plus the correction or
+   bonus token. Slots of whole pages past the new end n + a + 1 are freed.
+3. draft extend over the accepted positions n .. n+a with the now known next tokens (the emitted ones),
+   reading the verify's captured states: it rewrites the draft KV there and gives the next draft state
+   (dispatched, not awaited: the next round reads it on device).
 Requests that finish in the round still get step 3 before `cache_finished_req`, so that every position the
 tree caches has draft KV computed with its true next token.
 
-Memory: room for the verify slots is made (evicting, then retracting the newest request) before the backup,
-so nothing is freed between backup and restore. Compiled shapes: prefill per (tokens, seqs, pages) bucket;
-draft chain, verify and draft extend per (seqs, pages) bucket (the verify and extend token counts are padded
-to seqs * (S + 1)).
+Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
+allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round and draft extend per
+(seqs, pages) bucket (verify and extend token counts are padded to seqs * (S + 1)).
 """
 
 from __future__ import annotations
@@ -42,9 +47,9 @@ from jaxserve.engine.request import Request, Status
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
-from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample
+from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
-from jaxserve.speculative.rejection import verify_tokens
+from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.schedule import SpecScheduler
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
@@ -52,8 +57,8 @@ _PAD_PARAMS = SamplingParams(temperature=0.0)
 
 @functools.lru_cache(maxsize=8)
 def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
-    """The four jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and
-    draft extend hand back the draft's `topk` best next tokens with their log-probabilities)."""
+    """The jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and draft
+    extend hand back the draft's `topk` best next tokens with their log-probabilities)."""
 
     def target_of(params):
         return nnx.merge(tgraph, params)
@@ -68,58 +73,67 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), topk)
         return draft.to_target_ids(ids.astype(jnp.int32)), logp
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool"))
-    def prefill(tparams, dparams, pools, dpool, emb, input_ids, next_ids, from_sample, meta, sampling):
+    def store(states, dest, new):
+        """Write rows of (top ids, top logp, hidden) into the state buffer at rows `dest` (out of range:
+        dropped)."""
+        return tuple(buf.at[dest].set(x.astype(buf.dtype), mode="drop") for buf, x in zip(states, new,
+                                                                                           strict=True))
+
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
+    def prefill(tparams, dparams, pools, dpool, penalties, states, emb, input_ids, next_ids, from_sample,
+                meta, sampling, dest):
         logits, pools, aux = target_of(tparams)(input_ids, meta, pools)
-        out = sample(logits, sampling, None)
+        out = sample(logits, sampling, penalties)
+        penalties = update_counts(penalties, sampling.penalty_rows, out.token_ids)
         ids = jnp.where(from_sample >= 0, out.token_ids[jnp.maximum(from_sample, 0)], next_ids)
         draft = draft_of(dparams)
         dlogits, hidden, dpool = draft(ids, aux, meta, dpool, emb, return_all_logits=True)
         top1 = greedy(draft, dlogits)
-        return pools, dpool, out, best(draft, dlogits[meta.sample_idx]), hidden[meta.sample_idx], top1
+        states = store(states, dest, (*best(draft, dlogits[meta.sample_idx]), hidden[meta.sample_idx]))
+        return pools, dpool, penalties, states, out, top1
 
-    @functools.partial(jax.jit, donate_argnames=("dpool",))
-    def draft_chain(dparams, dpool, emb, first, hidden, metas):
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties"))
+    def chain_round(tparams, dparams, pools, dpool, penalties, emb, states, state_rows, last, draft_metas,
+                    meta, sampling):
+        """Draft S-1 steps, verify the chain, walk it, count the emitted tokens: one call, no host sync."""
+        top_ids, _, hidden = (x[state_rows] for x in states)
+        first = top_ids[:, 0]
         draft = draft_of(dparams)
-        ids, tokens = first, [first]
+        ids, drafts = first, [first]
         for k in range(num_steps - 1):
-            meta = jax.tree.map(lambda x, k=k: x[k], metas)
-            logits, out, dpool = draft(ids, hidden, meta, dpool, emb)
-            hidden = out[meta.sample_idx]
+            dmeta = jax.tree.map(lambda x, k=k: x[k], draft_metas)
+            logits, out, dpool = draft(ids, hidden, dmeta, dpool, emb)
+            hidden = out[dmeta.sample_idx]
             ids = greedy(draft, logits)
-            tokens.append(ids)
-        return dpool, jnp.stack(tokens, axis=1)
+            drafts.append(ids)
+        rows = first.shape[0]
+        tokens = jnp.concatenate([last[:, None], jnp.stack(drafts, axis=1)], axis=1)
+        logits, pools, aux = target_of(tparams)(tokens.reshape(-1), meta, pools, return_all_logits=True)
+        nodes = num_steps + 1
+        children = jnp.broadcast_to(jnp.asarray(chain_children(nodes)), (rows, nodes, 1))
+        parents = jnp.broadcast_to(jnp.asarray(chain_parents(nodes)), (rows, nodes))
+        verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
+                              parents=parents)
+        penalties = count_emitted(penalties, verdict, sampling.penalty_rows.reshape(rows, nodes)[:, 0])
+        return pools, dpool, penalties, verdict, aux
 
-    @functools.partial(jax.jit, donate_argnames=("pools",))
-    def verify(tparams, pools, last, drafts, meta, sampling):
-        rows, num_drafts = drafts.shape
-        input_ids = jnp.concatenate([last[:, None], drafts], axis=1).reshape(-1)
-        logits, pools, aux = target_of(tparams)(input_ids, meta, pools, return_all_logits=True)
-        # the draft proposed at each verified position (none after the last one)
-        proposed = jnp.concatenate([drafts, jnp.full((rows, 1), -1, jnp.int32)], axis=1).reshape(-1)
-        accept, correction = verify_tokens(logits.astype(jnp.float32), proposed, sampling)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        logp_prop = jnp.take_along_axis(logp, jnp.maximum(proposed, 0)[:, None], axis=-1)[:, 0]
-        logp_corr = jnp.take_along_axis(logp, correction[:, None], axis=-1)[:, 0]
-        shape = (rows, num_drafts + 1)
-        return pools, accept.reshape(shape), correction.reshape(shape), logp_prop.reshape(shape), \
-            logp_corr.reshape(shape), drafts, aux
-
-    @functools.partial(jax.jit, donate_argnames=("dpool",))
-    def draft_extend(dparams, dpool, emb, ids, aux, rows, meta):
+    @functools.partial(jax.jit, donate_argnames=("dpool", "states"))
+    def draft_extend(dparams, dpool, states, emb, ids, aux, rows, meta, dest):
         draft = draft_of(dparams)
         logits, hidden, dpool = draft(ids, aux[rows], meta, dpool, emb, return_all_logits=True)
         top1 = greedy(draft, logits)
-        return dpool, best(draft, logits[meta.sample_idx]), hidden[meta.sample_idx], top1
+        states = store(states, dest, (*best(draft, logits[meta.sample_idx]), hidden[meta.sample_idx]))
+        return dpool, states, top1
 
-    return prefill, draft_chain, verify, draft_extend
+    return prefill, chain_round, draft_extend
 
 
 class EagleWorker:
-    """Runs speculative steps for an engine: owns the draft, its KV pool and the per-request draft state."""
+    """Runs speculative steps for an engine: owns the draft, its KV pool and the per-request draft state.
+    `runner` (the engine's ModelRunner) holds the penalty pool that prefill and verify read and update."""
 
     def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, scheduler: SpecScheduler,
-                 buckets: Buckets, *, num_steps: int, context_length: int, topk: int = 1,
+                 buckets: Buckets, *, runner, num_steps: int, context_length: int, topk: int = 1,
                  num_draft_tokens: int | None = None) -> None:
         if tuple(target.aux_hidden_state_layer_ids) != tuple(draft.config.aux_layer_ids):
             raise ValueError(f"the target captures layers {target.aux_hidden_state_layer_ids} but the draft "
@@ -127,7 +141,7 @@ class EagleWorker:
                              f"aux_hidden_state_layer_ids={tuple(draft.config.aux_layer_ids)}")
         tgraph, self.tparams = nnx.split(target)
         dgraph, self.dparams = nnx.split(draft)
-        self.kv, self.scheduler, self.buckets = kv, scheduler, buckets
+        self.kv, self.scheduler, self.buckets, self.runner = kv, scheduler, buckets, runner
         self.num_steps = num_steps
         self.topk = topk
         self.num_verify = num_steps + 1 if topk == 1 else num_draft_tokens
@@ -135,14 +149,20 @@ class EagleWorker:
         self.num_reserve = max(self.num_verify, (num_steps - 1) * topk)
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
-        self._prefill, self._draft_chain, self._verify, self._draft_extend = _make_fns(tgraph, dgraph,
-                                                                                       num_steps, topk)
+        self._prefill, self._chain_round, self._draft_extend = _make_fns(tgraph, dgraph, num_steps, topk)
         self.seq_buckets = tuple(buckets.seqs)
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         most_pages = min(kv.pages_for(context_length + self.num_reserve), kv.num_pages)
         self.page_buckets = tuple(sorted({*buckets.pages, max(most_pages, max(buckets.pages))}))
-        # per decoding request: the draft's best next tokens, their log-probabilities, its hidden state
-        self.state: dict[Request, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # per decoding request, a row of the device state buffer: the draft's `topk` best next tokens, their
+        # log-probabilities and the draft hidden state that produced them (written by prefill and draft
+        # extend, read by the next round: never transferred to the host)
+        num_state_rows = max(self.seq_buckets)
+        self.states = (jnp.zeros((num_state_rows, topk), jnp.int32),
+                       jnp.zeros((num_state_rows, topk), jnp.float32),
+                       jnp.zeros((num_state_rows, draft.config.hidden_size), draft.config.jnp_dtype))
+        self.state: dict[Request, int] = {}
+        self._free_state_rows = list(range(num_state_rows - 1, -1, -1))
         scheduler.has_state = self.state.__contains__
         scheduler.on_retract = self.forget
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
@@ -183,26 +203,33 @@ class EagleWorker:
             if seq.samples:
                 from_sample[t + seq.num_tokens - 1] = row
             t += seq.num_tokens
-        self.kv.pools, self.dpool, out, first, hidden, top1 = self._prefill(
-            self.tparams, self.dparams, self.kv.pools, self.dpool, self.emb, inp.input_ids, next_ids,
-            from_sample, inp.meta, inp.sampling)
-        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
-        (first, first_logp), hidden = (np.asarray(x) for x in first), np.asarray(hidden)
-        self._record(inp.meta, t, top1)
-        self.stats["prefill_steps"] += 1
+        dest = np.full(inp.sampling.num_rows, self.states[0].shape[0], np.int32)  # out of range: dropped
         for row, seq in enumerate(batch):
             if seq.samples:
-                self.state[seq.req] = (first[row], first_logp[row], hidden[row])
+                dest[row] = self._state_row(seq.req)
                 if seq.req.spec_accept_lengths is None:
                     seq.req.spec_accept_lengths = []
+        runner = self.runner
+        self.kv.pools, self.dpool, runner.penalties, self.states, out, top1 = self._prefill(
+            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
+            inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling, dest)
+        token_ids, logprobs = jax.device_get((out.token_ids, out.logprobs))
+        self._record(inp.meta, t, top1)
+        self.stats["prefill_steps"] += 1
         finished = self.scheduler.process(batch, token_ids, logprobs)
         for req in finished:
-            self.state.pop(req, None)
+            self.forget(req)
         return finished
 
+    def _state_row(self, req: Request) -> int:
+        row = self.state.get(req)
+        if row is None:
+            row = self.state[req] = self._free_state_rows.pop()
+        return row
+
     def _make_room(self, reqs: list[Request]) -> list[Request]:
-        """Free slots for every request's verify span (the draft's scratch is a subset), evicting tree nodes
-        and then retracting the newest running requests. Returns the requests still decoding."""
+        """Free slots for every request's round (verify span or tree scratch), evicting tree nodes and then
+        retracting the newest running requests. Returns the requests still decoding."""
         kv = self.kv
         while reqs:
             need = sum(kv.pages_for(r.num_computed + self.num_reserve) - kv.pages_for(r.num_computed)
@@ -210,37 +237,15 @@ class EagleWorker:
             kv._make_room(need)
             if kv.available_slots() >= need:
                 return reqs
-            victim = self.scheduler.retract_newest()
-            self.state.pop(victim, None)
+            self.scheduler.retract_newest()  # on_retract drops its draft state
             reqs = [r for r in reqs if r.status is Status.RUNNING]
         return reqs
 
-    def _draft(self, reqs: list[Request], starts: list[int]) -> jax.Array | np.ndarray:
-        """S draft tokens per request `[seq bucket, S]` (device), draft KV written to borrowed slots."""
-        kv, steps = self.kv, self.num_steps
-        num_rows = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
-        first = np.zeros(num_rows, np.int32)
-        example = self.state[reqs[0]][2]
-        hidden = np.zeros((num_rows, example.shape[0]), example.dtype)
-        for i, req in enumerate(reqs):
-            first[i], hidden[i] = self.state[req][0][0], self.state[req][2]
-        if steps == 1:
-            return first[:, None]
-        backup = kv.allocator.state
-        if not kv.extend_many([(r.cached, n, n + steps - 1) for r, n in zip(reqs, starts, strict=True)]):
-            raise RuntimeError("draft scratch allocation failed after room was made (a bug)")
-        pages = [kv.page_ids(r.cached, n + steps - 1)[0] for r, n in zip(reqs, starts, strict=True)]
-        width = pick_bucket(max(p.shape[0] for p in pages), self.page_buckets, "pages_per_sequence")
-        metas = [build_attention_metadata(
-            [SequenceStep(1, n + k, p) for n, p in zip(starts, pages, strict=True)], page_size=kv.page_size,
-            token_buckets=self.seq_buckets, seq_buckets=self.seq_buckets, page_buckets=(width,))
-            for k in range(1, steps)]
-        stacked = jax.tree.map(lambda *xs: np.stack(xs), *metas)
-        self.dpool, drafts = self._draft_chain(self.dparams, self.dpool, self.emb, first, hidden, stacked)
-        for req, n in zip(reqs, starts, strict=True):
-            req.cached.kv_slots = req.cached.kv_slots[:n]
-        kv.allocator.state = backup  # the scratch slots go back: nothing was freed since the backup
-        return drafts
+    def state_rows(self, reqs: list[Request]) -> np.ndarray:
+        """i32[seq bucket]: the requests' rows in the state buffer (padding rows read row 0)."""
+        rows = np.zeros(pick_bucket(len(reqs), self.seq_buckets, "num_seqs"), np.int32)
+        rows[: len(reqs)] = [self.state[r] for r in reqs]
+        return rows
 
     def decode(self, reqs: list[Request]) -> list[Request]:
         reqs = self._make_room(reqs)
@@ -250,38 +255,63 @@ class EagleWorker:
         if self.tree is not None:
             results, aux = self.tree.draft_and_verify(reqs, starts)
         else:
-            results, aux = self._verify_chain(reqs, starts, self._draft(reqs, starts))
+            results, aux = self._chain(reqs, starts)
         return self._accept(reqs, starts, results, aux)
 
-    def _verify_chain(self, reqs, starts, drafts):
-        """Verify the chains; per request (accepted drafts, new tokens, their logprobs, verify rows of the
-        accepted positions) and the verify's captured states."""
-        kv, nv = self.kv, self.num_verify
+    def sampling_rows(self, reqs: list[Request], depths: list[list[int]] | np.ndarray) -> list[SamplingRow]:
+        """One sampling row per verified node: node v of request r samples output index g_r + depth."""
+        rows = []
+        for req, ds in zip(reqs, depths, strict=True):
+            done = len(req.output_ids)
+            rows += [SamplingRow(req.params, req.seed, done + int(d), req.penalty_row) for d in ds]
+        return rows
+
+    def _chain(self, reqs, starts):
+        """Draft, verify and walk the chains in one call; per request (accepted drafts, new tokens, their
+        logprobs, verify rows of the path) and the verify's captured states."""
+        kv, nv, steps = self.kv, self.num_verify, self.num_steps
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
-        steps, rows = [], []
-        last = np.zeros(drafts.shape[0], np.int32)
+        state_rows = self.state_rows(reqs)
+        num_rows = state_rows.shape[0]
+        pages, vsteps = [], []
+        last = np.zeros(num_rows, np.int32)
         for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
             full, swa = kv.page_ids(req.cached, n + nv)
-            steps.append(SequenceStep(nv, n + nv, full, swa))
+            pages.append(full)
+            vsteps.append(SequenceStep(nv, n + nv, full, swa))
             last[i] = req.output_ids[-1]
-            done = len(req.output_ids)
-            rows += [SamplingRow(req.params, req.seed, done + j) for j in range(nv)]
-        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((drafts.shape[0] - len(reqs)) * nv)
-        meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid,
+        meta = build_attention_metadata(vsteps, page_size=kv.page_size, with_swa=kv.hybrid,
                                         token_buckets=self.verify_tokens, seq_buckets=self.seq_buckets,
                                         page_buckets=self.page_buckets)
-        out = self._verify(self.tparams, self.kv.pools, last, drafts, meta,
-                           build_sampling_batch(rows, meta.num_tokens))
-        self.kv.pools, aux = out[0], out[-1]
-        accept, correction, logp_prop, logp_corr, drafts = (np.asarray(x) for x in out[1:-1])
-        results = []
-        for i in range(len(reqs)):  # the leading accepted drafts, then the correction (or bonus) token
-            accepted = int(np.cumprod(accept[i, :-1]).sum())
-            new = [*drafts[i, :accepted].tolist(), int(correction[i, accepted])]
-            logps = [*logp_prop[i, :accepted].tolist(), float(logp_corr[i, accepted])]
-            results.append((accepted, new, logps, list(range(i * nv, i * nv + accepted + 1))))
-        return results, aux
+        width = meta.page_table.shape[1]
+        draft_metas = None
+        if steps > 1:
+            metas = [build_attention_metadata(
+                [SequenceStep(1, n + k, p) for n, p in zip(starts, pages, strict=True)],
+                page_size=kv.page_size, token_buckets=self.seq_buckets, seq_buckets=self.seq_buckets,
+                page_buckets=(width,)) for k in range(1, steps)]
+            draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
+        rows = self.sampling_rows(reqs, [range(nv)] * len(reqs))
+        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((num_rows - len(reqs)) * nv)
+        runner = self.runner
+        self.kv.pools, self.dpool, runner.penalties, verdict, aux = self._chain_round(
+            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.emb, self.states,
+            state_rows, last, draft_metas, meta, build_sampling_batch(rows, meta.num_tokens))
+        return self.results(verdict, len(reqs)), aux
+
+    def results(self, verdict: Verdict, num_reqs: int) -> list[tuple[int, list[int], list[float], list[int]]]:
+        """The host's view of a verdict (one transfer): per request (accepted drafts, emitted tokens, their
+        logprobs, verify rows of the nodes that produced them)."""
+        nv = self.num_verify
+        num_acc, emitted, logprobs, path = jax.device_get(
+            (verdict.num_accepted, verdict.emitted, verdict.logprobs, verdict.path))
+        out = []
+        for i in range(num_reqs):
+            a = int(num_acc[i])
+            out.append((a, emitted[i, : a + 1].tolist(), logprobs[i, : a + 1].tolist(),
+                        (i * nv + path[i, : a + 1]).tolist()))
+        return out
 
     def _accept(self, reqs, starts, results, aux) -> list[Request]:
         """Append the new tokens, free whole pages past the new end, draft-extend over the accepted positions
@@ -313,15 +343,14 @@ class EagleWorker:
         ids = np.zeros(meta.num_tokens, np.int32)
         rows = np.zeros(meta.num_tokens, np.int32)
         ids[: len(ext_ids)], rows[: len(ext_rows)] = ext_ids, ext_rows
-        self.dpool, first, hidden, top1 = self._draft_extend(self.dparams, self.dpool, self.emb, ids, aux,
-                                                             rows, meta)
-        (first, first_logp), hidden = (np.asarray(x) for x in first), np.asarray(hidden)
+        dest = np.full(meta.num_seqs, self.states[0].shape[0], np.int32)
+        dest[: len(reqs)] = [self.state[r] for r in reqs]
+        self.dpool, self.states, top1 = self._draft_extend(self.dparams, self.dpool, self.states, self.emb,
+                                                           ids, aux, rows, meta, dest)
         self._record(meta, len(ext_ids), top1)
-        for i, req in enumerate(reqs):
-            self.state[req] = (first[i], first_logp[i], hidden[i])
         for req in finished:
             self.scheduler.finish(req)
-            self.state.pop(req, None)
+            self.forget(req)
         return finished
 
     def record_draft_top1(self) -> None:
@@ -334,13 +363,18 @@ class EagleWorker:
 
     # ------------------------------------------------------------------ bookkeeping
     def forget(self, req: Request) -> None:
-        """Drop a request's draft state (abort)."""
-        self.state.pop(req, None)
+        """Drop a request's draft state (finish, abort, retraction); its state row is free again."""
+        row = self.state.pop(req, None)
+        if row is not None:
+            self._free_state_rows.append(row)
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        return {"prefill": self._prefill._cache_size(), "draft_chain": self._draft_chain._cache_size(),
-                "verify": self._verify._cache_size(), "draft_extend": self._draft_extend._cache_size()}
+        counts = {"prefill": self._prefill._cache_size(), "chain_round": self._chain_round._cache_size(),
+                  "draft_extend": self._draft_extend._cache_size()}
+        if self.tree is not None:
+            counts.update(self.tree.num_compiles)
+        return counts
 
     @property
     def acc_length(self) -> float:

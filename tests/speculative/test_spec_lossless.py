@@ -80,3 +80,28 @@ def test_chain_lengths(num_steps):
     assert [o["output_ids"] for o in outs] == ref
     assert max(max(o["meta_info"]["spec_accept_lengths"]) for o in outs) <= num_steps
     engine.flush_cache()
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_greedy_with_penalties_equals_plain(tree):
+    """Penalised greedy requests (frequency, presence, repetition; mixed with plain ones in one batch) give
+    the plain engine's output: verification penalises each position with the tokens drafted before it."""
+    prompts = sp.shared_prefix_prompts(seed=5, n=6)
+    params = [{**GREEDY, "max_new_tokens": 40},
+              {**GREEDY, "max_new_tokens": 40, "frequency_penalty": 1.5},
+              {**GREEDY, "max_new_tokens": 40, "presence_penalty": 1.0},
+              {**GREEDY, "max_new_tokens": 40, "repetition_penalty": 1.8},
+              {**GREEDY, "max_new_tokens": 40, "frequency_penalty": 0.7, "presence_penalty": 0.3},
+              {**GREEDY, "max_new_tokens": 40}]
+    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    unpenalised = sp.engine("llama", which=None).generate(
+        input_ids=prompts, sampling_params=[{**GREEDY, "max_new_tokens": 40}] * 6)
+    # the penalties change the outputs (else this test could not fail)
+    assert all(plain[i]["output_ids"] != unpenalised[i]["output_ids"] for i in (1, 2, 3, 4))
+    extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}
+    engine = sp.engine("llama", num_steps=2 if tree else 3, **extra)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    assert max(max(o["meta_info"]["spec_accept_lengths"]) for o in outs) > 0
+    engine.check_memory()
+    engine.flush_cache()

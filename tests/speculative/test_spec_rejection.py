@@ -1,11 +1,13 @@
-"""Rejection sampling keeps the target's distribution: sampled speculative outputs (temperature 2, top-k 3,
+"""Rejection sampling keeps the target's distribution: sampled speculative outputs (temperature 1, top-k 3,
 so 27 possible 3-token continuations) are distributed as the target's own token-by-token distribution,
-computed independently from full-sequence forwards of the target (chi-square test); and the rounds both
-accept and reject drafts, so both branches are exercised."""
+computed independently from full-sequence forwards of the target (chi-square test), with chain drafting and
+with tree drafting; and the rounds both accept and reject drafts, so both branches are exercised. (The walk
+itself is checked against brute force in test_spec_verify_walk.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from tests.models.helpers import Runner, full_logits
@@ -34,10 +36,12 @@ def _exact_joint(prompt: list[int]) -> dict[tuple[int, ...], float]:
     return joint
 
 
-def test_sampled_outputs_follow_the_target_distribution():
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_sampled_outputs_follow_the_target_distribution(tree):
     prompt = sp.shared_prefix_prompts(seed=11, n=1)[0]
     exact = _exact_joint(prompt)
-    engine = sp.engine("llama", max_running=64, chunk=512, num_steps=2, random_seed=1234)
+    extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}
+    engine = sp.engine("llama", max_running=64, chunk=512, num_steps=2, random_seed=1234, **extra)
     n = 1500
     params = {"temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NEW, "ignore_eos": True}
     outs = engine.generate(input_ids=[prompt] * n, sampling_params=params)
@@ -59,30 +63,3 @@ def test_sampled_outputs_follow_the_target_distribution():
     print(f"rounds accepting a draft: {(accepted > 0).mean():.3f}")
     assert (accepted > 0).mean() > 0.05 and (accepted == 0).mean() > 0.05
     engine.flush_cache()
-
-
-def test_greedy_draft_proposals_tested_against_filtered_probabilities():
-    """Unit check of the accept rule on a hand-made 4-token vocabulary: the accept rate of a draft equals its
-    filtered target probability, and rejected positions never emit the rejected draft."""
-    import jax.numpy as jnp
-
-    from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
-    from jaxserve.speculative.rejection import verify_tokens
-
-    logits = np.log(np.array([0.1, 0.2, 0.3, 0.4], np.float32))
-    rows = 4000
-    batch = build_sampling_batch([SamplingRow(SamplingParams(temperature=1.0), seed, 0)
-                                  for seed in range(rows)], rows)
-    proposed = jnp.full(rows, 2, jnp.int32)
-    accept, correction = verify_tokens(jnp.tile(logits, (rows, 1)), proposed, batch)
-    accept, correction = np.asarray(accept), np.asarray(correction)
-    assert abs(accept.mean() - 0.3) < 4 * np.sqrt(0.3 * 0.7 / rows)
-    residual = correction[~accept]
-    assert not (residual == 2).any()
-    freq = np.bincount(residual, minlength=4)[[0, 1, 3]] / residual.size
-    np.testing.assert_allclose(freq, np.array([0.1, 0.2, 0.4]) / 0.7, atol=0.03)
-    # greedy rows accept the argmax only, and correct to it
-    greedy = build_sampling_batch([SamplingRow(SamplingParams(temperature=0.0), 0, 0)] * 4, 4)
-    acc, corr = verify_tokens(jnp.tile(logits, (4, 1)), jnp.array([3, 2, 0, -1], jnp.int32), greedy)
-    assert np.asarray(acc).tolist() == [True, False, False, False]
-    assert np.asarray(corr).tolist() == [3, 3, 3, 3]
