@@ -53,14 +53,19 @@ def sample(
     penalised = raw if penalties is None else apply_penalties(raw, batch, penalties)
 
     greedy = batch.temperatures == 0.0
-    temperatures = jnp.where(greedy, 1.0, batch.temperatures)
-    scaled = penalised / temperatures[:, None]
-    filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p, filter_method)
+    argmax = jnp.argmax(penalised, axis=-1).astype(jnp.int32)
 
-    vocab_size = raw.shape[-1]
-    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(row_keys(batch))
-    drawn = jnp.argmax(filtered + gumbel, axis=-1)
-    token_ids = jnp.where(greedy, jnp.argmax(penalised, axis=-1), drawn).astype(jnp.int32)
+    def draw() -> jax.Array:
+        temperatures = jnp.where(greedy, 1.0, batch.temperatures)
+        scaled = penalised / temperatures[:, None]
+        filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p, filter_method)
+        vocab_size = raw.shape[-1]
+        gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(row_keys(batch))
+        drawn = jnp.argmax(filtered + gumbel, axis=-1)
+        return jnp.where(greedy, argmax, drawn).astype(jnp.int32)
+
+    # an all-greedy batch skips the random draws (one [S, V] Gumbel sample per step otherwise)
+    token_ids = jax.lax.cond(jnp.any(~greedy), draw, lambda: argmax)
 
     chosen = jnp.take_along_axis(raw, token_ids[:, None], axis=-1)[:, 0]
     logprobs = chosen - jax.nn.logsumexp(raw, axis=-1)

@@ -25,6 +25,7 @@ and the next round starts after it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -91,15 +92,13 @@ def drafted_counts(pool: PenaltyPool, batch: SamplingBatch, tokens: jax.Array,
     return counts.at[node.reshape(-1), tok.reshape(-1)].add(on_path.reshape(-1).astype(counts.dtype))
 
 
-def target_probs(logits: jax.Array, batch: SamplingBatch, counts: jax.Array | None = None,
-                 pool: PenaltyPool | None = None) -> jax.Array:
-    """`f32[T, V]`: the distribution each row samples from (penalties when `pool` is given, with `counts`
-    per row; then temperature and filters); greedy rows get one-hot(argmax of the penalised logits)."""
-    penalised = logits if pool is None else penalise(logits, batch, counts, pool)
+def target_probs(penalised: jax.Array, batch: SamplingBatch) -> jax.Array:
+    """`f32[T, V]`: the distribution each row samples from, given its penalised logits (temperature and
+    filters applied); greedy rows get one-hot(argmax)."""
     greedy = batch.temperatures == 0.0
     temperatures = jnp.where(greedy, 1.0, batch.temperatures)
     filtered = apply_filters(penalised / temperatures[:, None], batch.top_k, batch.top_p, batch.min_p)
-    one_hot = jax.nn.one_hot(jnp.argmax(penalised, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    one_hot = jax.nn.one_hot(jnp.argmax(penalised, axis=-1), penalised.shape[-1], dtype=jnp.float32)
     return jnp.where(greedy[:, None], one_hot, jax.nn.softmax(filtered, axis=-1))
 
 
@@ -112,17 +111,26 @@ def verify_tree(logits: jax.Array, tokens: jax.Array, children: jax.Array, batch
     children `i32[R, N, K]` (child indices in the order they are tried, -1 = none), batch: R*N sampling rows
     (node v of request r: the request's parameters, `num_generated = g + depth(v)`), `max_depth` (static):
     the deepest node's depth. With `pool`, penalties apply and need `parents i32[R, N]` (-1 root, < -1
-    padding) to count the drafted tokens on each node's path.
+    padding) to count the drafted tokens on each node's path. A batch without sampled rows takes a walk
+    with no random draws (`lax.cond`; same verdict as the general walk gives greedy rows).
     """
-    rows, num_nodes, branching = children.shape
     raw = logits.astype(jnp.float32)
-    counts = None
+    penalised = raw
     if pool is not None:
         counts = drafted_counts(pool, batch, tokens, path_nodes(parents, max_depth))
-    probs = target_probs(raw, batch, counts, pool)
+        penalised = penalise(raw, batch, counts, pool)
     logp = jax.nn.log_softmax(raw, axis=-1)
-    keys = row_keys(batch)
-    vocab = jnp.arange(raw.shape[-1])
+    walk = functools.partial(_walk, tokens=tokens, children=children, max_depth=max_depth, logp=logp)
+    return jax.lax.cond(jnp.any(batch.temperatures > 0.0),
+                        lambda: walk(target_probs(penalised, batch), row_keys(batch)),
+                        lambda: walk(None, jnp.argmax(penalised, axis=-1).astype(jnp.int32)))
+
+
+def _walk(probs, keys_or_argmax, *, tokens, children, max_depth: int, logp) -> Verdict:
+    """The walk of `verify_tree`: with `probs` (f32[T, V]) and per-row keys, rejection sampling; with
+    `probs=None` and the per-row argmax, greedy matching."""
+    rows, num_nodes, branching = children.shape
+    vocab = jnp.arange(logp.shape[-1])
     row = jnp.arange(rows)
     cur = jnp.zeros(rows, jnp.int32)
     live = jnp.ones(rows, bool)
@@ -130,21 +138,29 @@ def verify_tree(logits: jax.Array, tokens: jax.Array, children: jax.Array, batch
     emitted, logprobs, path = [], [], []
     for depth in range(max_depth + 1):
         node = row * num_nodes + cur
-        p, key = probs[node], keys[node]
         took, nxt = jnp.zeros(rows, bool), cur
-        for k in range(branching if depth < max_depth else 0):
-            child = children[row, cur, k]
-            valid = (child >= 0) & ~took
-            token = tokens[row, jnp.maximum(child, 0)]
-            p_token = jnp.take_along_axis(p, token[:, None], axis=-1)[:, 0]
-            u = jax.vmap(lambda kk, k=k: jax.random.uniform(jax.random.fold_in(kk, k)))(key)
-            ok = valid & (u * p.sum(-1) < p_token)
-            nxt, took = jnp.where(ok, child, nxt), took | ok
-            p = jnp.where((valid & ~ok)[:, None] & (vocab[None, :] == token[:, None]), 0.0, p)
-        gumbel = jax.vmap(lambda kk: jax.random.gumbel(jax.random.fold_in(kk, branching),
-                                                       (raw.shape[-1],)))(key)
-        drawn = jnp.argmax(jnp.where(p > 0, jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf) + gumbel, axis=-1)
-        out = jnp.where(took, tokens[row, nxt], drawn.astype(jnp.int32))
+        if probs is None:
+            want = keys_or_argmax[node]
+            for k in range(branching if depth < max_depth else 0):
+                child = children[row, cur, k]
+                ok = (child >= 0) & ~took & (tokens[row, jnp.maximum(child, 0)] == want)
+                nxt, took = jnp.where(ok, child, nxt), took | ok
+            out = want
+        else:
+            p, key = probs[node], keys_or_argmax[node]
+            for k in range(branching if depth < max_depth else 0):
+                child = children[row, cur, k]
+                valid = (child >= 0) & ~took
+                token = tokens[row, jnp.maximum(child, 0)]
+                p_token = jnp.take_along_axis(p, token[:, None], axis=-1)[:, 0]
+                u = jax.vmap(lambda kk, k=k: jax.random.uniform(jax.random.fold_in(kk, k)))(key)
+                ok = valid & (u * p.sum(-1) < p_token)
+                nxt, took = jnp.where(ok, child, nxt), took | ok
+                p = jnp.where((valid & ~ok)[:, None] & (vocab[None, :] == token[:, None]), 0.0, p)
+            gumbel = jax.vmap(lambda kk: jax.random.gumbel(jax.random.fold_in(kk, branching),
+                                                           (logp.shape[-1],)))(key)
+            drawn = jnp.argmax(jnp.where(p > 0, jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf) + gumbel, axis=-1)
+            out = jnp.where(took, tokens[row, nxt], drawn.astype(jnp.int32))
         emitted.append(out)
         logprobs.append(logp[node, out])
         path.append(cur)

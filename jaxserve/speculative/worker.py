@@ -92,10 +92,11 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         states = store(states, dest, (*best(draft, dlogits[meta.sample_idx]), hidden[meta.sample_idx]))
         return pools, dpool, penalties, states, out, top1
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties"))
-    def chain_round(tparams, dparams, pools, dpool, penalties, emb, states, state_rows, last, draft_metas,
-                    meta, sampling):
-        """Draft S-1 steps, verify the chain, walk it, count the emitted tokens: one call, no host sync."""
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
+    def chain_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
+                    draft_metas, meta, sampling):
+        """Draft S-1 steps, verify the chain, walk it, count the emitted tokens, draft-extend over the
+        verified span and store the next draft state: one call, no host sync."""
         top_ids, _, hidden = (x[state_rows] for x in states)
         first = top_ids[:, 0]
         draft = draft_of(dparams)
@@ -115,7 +116,14 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
                               parents=parents)
         penalties = count_emitted(penalties, verdict, sampling.penalty_rows.reshape(rows, nodes)[:, 0])
-        return pools, dpool, penalties, verdict, aux
+        # draft extend over positions n .. n+S with the emitted tokens as next tokens (chain: node j is at
+        # position n + j, its captured state is aux's row): exact up to n + a, which is all the tree caches
+        # and all the next round reads; the KV past it is overwritten before anything attends to it
+        logits, hidden, dpool = draft(verdict.emitted.reshape(-1), aux, meta, dpool, emb,
+                                      return_all_logits=True)
+        last_idx = jnp.arange(rows) * nodes + verdict.num_accepted
+        states = store(states, dest, (*best(draft, logits[last_idx]), hidden[last_idx]))
+        return pools, dpool, penalties, states, verdict, greedy(draft, logits)
 
     @functools.partial(jax.jit, donate_argnames=("dpool", "states"))
     def draft_extend(dparams, dpool, states, emb, ids, aux, rows, meta, dest):
@@ -254,9 +262,14 @@ class EagleWorker:
         starts = [r.num_computed for r in reqs]
         if self.tree is not None:
             results, aux = self.tree.draft_and_verify(reqs, starts)
+            finished = self._accept(reqs, starts, results)
+            self._extend(reqs, results, aux)
         else:
-            results, aux = self._chain(reqs, starts)
-        return self._accept(reqs, starts, results, aux)
+            finished = self._accept(reqs, starts, self._chain(reqs, starts))
+        for req in finished:  # after the draft extend: the tree caches the extended draft KV
+            self.scheduler.finish(req)
+            self.forget(req)
+        return finished
 
     def sampling_rows(self, reqs: list[Request], depths: list[list[int]] | np.ndarray) -> list[SamplingRow]:
         """One sampling row per verified node: node v of request r samples output index g_r + depth."""
@@ -267,20 +280,18 @@ class EagleWorker:
         return rows
 
     def _chain(self, reqs, starts):
-        """Draft, verify and walk the chains in one call; per request (accepted drafts, new tokens, their
-        logprobs, verify rows of the path) and the verify's captured states."""
+        """The chain round in one call; per request (accepted drafts, new tokens, their logprobs, verify rows
+        of the path)."""
         kv, nv, steps = self.kv, self.num_verify, self.num_steps
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
         state_rows = self.state_rows(reqs)
         num_rows = state_rows.shape[0]
-        pages, vsteps = [], []
         last = np.zeros(num_rows, np.int32)
-        for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
-            full, swa = kv.page_ids(req.cached, n + nv)
-            pages.append(full)
-            vsteps.append(SequenceStep(nv, n + nv, full, swa))
-            last[i] = req.output_ids[-1]
+        last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
+        pages, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])
+        swa = swa if swa is not None else [None] * len(reqs)
+        vsteps = [SequenceStep(nv, n + nv, p, s) for n, p, s in zip(starts, pages, swa, strict=True)]
         meta = build_attention_metadata(vsteps, page_size=kv.page_size, with_swa=kv.hybrid,
                                         token_buckets=self.verify_tokens, seq_buckets=self.seq_buckets,
                                         page_buckets=self.page_buckets)
@@ -294,11 +305,17 @@ class EagleWorker:
             draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
         rows = self.sampling_rows(reqs, [range(nv)] * len(reqs))
         rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((num_rows - len(reqs)) * nv)
+        dest = np.full(num_rows, self.states[0].shape[0], np.int32)  # padding rows: dropped
+        dest[: len(reqs)] = state_rows[: len(reqs)]
         runner = self.runner
-        self.kv.pools, self.dpool, runner.penalties, verdict, aux = self._chain_round(
-            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.emb, self.states,
-            state_rows, last, draft_metas, meta, build_sampling_batch(rows, meta.num_tokens))
-        return self.results(verdict, len(reqs)), aux
+        self.kv.pools, self.dpool, runner.penalties, self.states, verdict, top1 = self._chain_round(
+            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
+            state_rows, dest, last, draft_metas, meta, build_sampling_batch(rows, meta.num_tokens))
+        results = self.results(verdict, len(reqs))
+        if self.slot_top1 is not None:  # the extended positions n .. n+a of each request
+            keep = np.concatenate([i * nv + np.arange(a + 1) for i, (a, *_) in enumerate(results)])
+            self.slot_top1[np.asarray(meta.write_slots)[keep]] = np.asarray(top1)[keep]
+        return results
 
     def results(self, verdict: Verdict, num_reqs: int) -> list[tuple[int, list[int], list[float], list[int]]]:
         """The host's view of a verdict (one transfer): per request (accepted drafts, emitted tokens, their
@@ -313,12 +330,12 @@ class EagleWorker:
                         (i * nv + path[i, : a + 1]).tolist()))
         return out
 
-    def _accept(self, reqs, starts, results, aux) -> list[Request]:
-        """Append the new tokens, free whole pages past the new end, draft-extend over the accepted positions
-        (also for finishing requests: the tree caches them), finish requests."""
+    def _accept(self, reqs, starts, results) -> list[Request]:
+        """Append each request's new tokens (until a stop rule fires), move its end to n + a + 1 and free
+        whole pages past it. Returns the requests that finished (the caller finishes them)."""
         kv = self.kv
-        finished, ext_steps, ext_ids, ext_rows = [], [], [], []
-        for req, n, (accepted, new, logps, rows) in zip(reqs, starts, results, strict=True):
+        finished = []
+        for req, n, (accepted, new, logps, _) in zip(reqs, starts, results, strict=True):
             req.spec_accept_lengths.append(accepted)
             self.stats["rounds"] += 1
             self.stats["verified"] += self.num_steps
@@ -335,9 +352,18 @@ class EagleWorker:
                 kv.allocator.free(tail)
             req.cached.kv_slots = slots[:end]
             req.num_computed = end
-            ext_steps.append(SequenceStep(accepted + 1, end, kv.page_ids(req.cached, end)[0]))
-            ext_ids.extend(new)
-            ext_rows.extend(rows)
+        return finished
+
+    def _extend(self, reqs, results, aux) -> None:
+        """Draft extend over the accepted positions n .. n+a (tree path: the accepted nodes' target KV was
+        moved to consecutive slots; their captured states are rows of `aux`), storing the next state."""
+        kv = self.kv
+        ends = [r.num_computed for r in reqs]
+        pages, _ = kv.page_ids_many([r.cached for r in reqs], ends)
+        ext_steps = [SequenceStep(a + 1, end, p)
+                     for (a, *_), end, p in zip(results, ends, pages, strict=True)]
+        ext_ids = [t for _, new, _, _ in results for t in new]
+        ext_rows = [r for *_, rows in results for r in rows]
         meta = build_attention_metadata(ext_steps, page_size=kv.page_size, token_buckets=self.verify_tokens,
                                         seq_buckets=self.seq_buckets, page_buckets=self.page_buckets)
         ids = np.zeros(meta.num_tokens, np.int32)
@@ -348,10 +374,6 @@ class EagleWorker:
         self.dpool, self.states, top1 = self._draft_extend(self.dparams, self.dpool, self.states, self.emb,
                                                            ids, aux, rows, meta, dest)
         self._record(meta, len(ext_ids), top1)
-        for req in finished:
-            self.scheduler.finish(req)
-            self.forget(req)
-        return finished
 
     def record_draft_top1(self) -> None:
         """Start keeping `slot_top1` (costs a device-to-host copy of T ids per prefill / draft extend)."""

@@ -52,21 +52,34 @@ def test_aborts_mid_decode_free_their_kv_and_the_rest_is_unchanged():
     assert engine.kv.available_slots() == engine.kv.num_slots
 
 
-def test_compilations_are_bounded_by_the_buckets():
-    # num_steps=4 is used by no other test: the jitted pieces (cached per graph pair and chain length) are
-    # fresh, so their cache sizes count this engine's shapes only
-    engine = sp.engine("llama", page_size=16, max_running=4, chunk=32, num_steps=4)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_compilations_are_bounded_by_the_buckets(tree):
+    # num_steps=4 (topk 1 and 2) is used by no other test: the jitted pieces (cached per graph pair, chain
+    # length and branching) are fresh, so their cache sizes count this engine's shapes only. Mixed greedy,
+    # sampled and penalised requests: sampling parameters are data, never shapes.
+    extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=6) if tree else {}
+    engine = sp.engine("llama", page_size=16, max_running=4, chunk=32, num_steps=4, **extra)
     rng = np.random.RandomState(2)
-    for _ in range(4):
+    kinds = [GREEDY, {"temperature": 0.8, "top_p": 0.9}, {**GREEDY, "frequency_penalty": 0.5}]
+    for i in range(4):
         prompts = [rng.randint(0, 256, size=rng.randint(2, 40)).tolist() for _ in range(rng.randint(1, 5))]
         max_new = int(rng.randint(1, 30))
-        engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": max_new})
+        params = [{**kinds[(i + j) % 3], "max_new_tokens": max_new} for j in range(len(prompts))]
+        engine.generate(input_ids=prompts, sampling_params=params)
     b, w = engine.buckets, engine.spec
     compiles = w.num_compiles
     pages = len(w.page_buckets)
     assert compiles["prefill"] <= len(b.tokens) * len(b.seqs) * pages
-    for name in ("chain_round", "draft_extend"):
-        assert 1 <= compiles[name] <= len(w.seq_buckets) * pages, (name, compiles)
+    per_round = len(w.seq_buckets) * pages
+    if tree:
+        assert compiles["chain_round"] == 0
+        for name in ("draft_tree", "verify_tree", "draft_extend"):
+            assert 1 <= compiles[name] <= per_round, (name, compiles)
+        assert compiles["compact"] <= len(w.verify_tokens)
+    else:
+        assert 1 <= compiles["chain_round"] <= per_round, compiles
+        assert compiles["draft_extend"] == 0  # chains extend inside the round; only the tree path calls it
+    engine.check_memory()
     engine.flush_cache()
 
 
@@ -88,4 +101,34 @@ def test_last_prefill_chunk_of_one_token_and_tree_drafting_under_retraction():
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
     assert engine.scheduler.num_retractions > 0
     engine.check_memory()
+    engine.flush_cache()
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_device_reads_per_round(tree, monkeypatch):
+    """Every device -> host read goes through `ArrayImpl._value` (np.asarray, int(), device_get): a chain
+    round reads only its verdict (4 arrays, in one `device_get`), the tree path also its candidates (3)."""
+    from jax._src import array as jax_array
+
+    extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}
+    engine = sp.engine("llama", num_steps=2, **extra)
+    prompts = sp.shared_prefix_prompts(seed=9, n=3)
+    engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 8})  # compile
+    reads, value = [], jax_array.ArrayImpl._value
+
+    def counted(self):
+        reads.append(self.shape)
+        return value.fget(self)
+
+    monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(counted))
+    rids = [engine.submit(input_ids=p, sampling_params={**GREEDY, "max_new_tokens": 12}) for p in prompts]
+    engine.step()  # prefill: the sampled ids and their logprobs
+    assert len(reads) == 2
+    rounds = 0
+    while not engine.idle:
+        reads.clear()
+        engine.step()
+        rounds += 1
+        assert len(reads) == (7 if tree else 4), reads
+    assert rounds >= 3 and all(engine.output(r)["meta_info"]["completion_tokens"] == 12 for r in rids)
     engine.flush_cache()

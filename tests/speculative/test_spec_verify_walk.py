@@ -141,3 +141,25 @@ def test_path_nodes():
     assert (on == expect).all()
     chain = np.asarray(path_nodes(jnp.asarray(chain_parents(4)[None]), 3))[0]
     assert (chain == np.tril(np.ones((4, 4), bool)) & (np.arange(4) > 0)[None, :]).all()
+
+
+def test_greedy_rows_in_a_sampled_batch_match_the_greedy_walk():
+    """A batch with any sampled row takes the general walk; its greedy rows must decide exactly what the
+    draw-free greedy walk decides (random logits per request, so paths differ between rows)."""
+    n, nodes = 64, len(TOKENS)
+    logits = RNG.normal(size=(n * nodes, V)).astype(np.float32) * 3
+    rows = [SamplingRow(SamplingParams(temperature=0.0 if r % 2 else 1.0), r, int(DEPTH[v]))
+            for r in range(n) for v in range(nodes)]
+    args = (jnp.asarray(logits), jnp.tile(jnp.asarray(TOKENS), (n, 1)),
+            jnp.tile(jnp.asarray(CHILDREN), (n, 1, 1)))
+    mixed = verify_tree(*args, build_sampling_batch(rows, n * nodes), max_depth=2)
+    greedy_rows = [SamplingRow(SamplingParams(temperature=0.0), r, int(DEPTH[v]))
+                   for r in range(n) for v in range(nodes)]
+    greedy = verify_tree(*args, build_sampling_batch(greedy_rows, n * nodes), max_depth=2)
+    odd = np.arange(n) % 2 == 1
+    m_acc, g_acc = np.asarray(mixed.num_accepted), np.asarray(greedy.num_accepted)
+    assert (m_acc[odd] == g_acc[odd]).all() and len(set(g_acc[odd].tolist())) > 1
+    for r in np.flatnonzero(odd):
+        a = g_acc[r] + 1
+        assert (np.asarray(mixed.emitted)[r, :a] == np.asarray(greedy.emitted)[r, :a]).all()
+        assert (np.asarray(mixed.path)[r, :a] == np.asarray(greedy.path)[r, :a]).all()
