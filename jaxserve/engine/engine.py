@@ -163,7 +163,7 @@ class Engine:
 
         Overlap: step t+1 is built while step t runs; tokens step t sampled reach step t+1 on device. The
         host reads step t's ids only after dispatching t+1, so the device never waits for the host."""
-        if self.spec is not None:  # speculative steps are synchronous (no overlap)
+        if self.spec is not None:  # a speculative step reads its verdict before returning (no overlap)
             finished = self.spec.step()
             self.stats["steps"] += 1
             return finished

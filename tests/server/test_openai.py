@@ -77,3 +77,22 @@ def test_bad_requests_raise_bad_request_error(oai):
         oai.completions.create(model="any", prompt="x", max_tokens=2, n=2)
     with pytest.raises(openai.BadRequestError, match="messages"):
         oai.chat.completions.create(model="any", messages=[], max_tokens=2)
+
+
+def test_sampled_and_penalised_requests_on_the_speculative_server(oai, reference):
+    """OpenAI's defaults sample (temperature 1): the EAGLE-3 server serves them by rejection sampling. A
+    fixed seed reproduces the output exactly (the in-process engine with the same seed gives it too);
+    another seed gives another; a penalised greedy request equals the engine's."""
+    kwargs = dict(model="any", prompt="The quick brown fox", max_tokens=24, extra_body={"ignore_eos": True})
+    first = oai.completions.create(**kwargs, seed=7)
+    again = oai.completions.create(**kwargs, seed=7)
+    other = [oai.completions.create(**kwargs, seed=s).choices[0].text for s in (8, 9, 10)]
+    assert first.choices[0].text == again.choices[0].text
+    assert any(text != first.choices[0].text for text in other)
+    text, _ = reference.generate("The quick brown fox", 24, temperature=1.0, seed=7, ignore_eos=True)
+    assert first.choices[0].text == text
+    penalised = oai.completions.create(**kwargs, temperature=0, frequency_penalty=1.2, presence_penalty=0.5)
+    text, _ = reference.generate("The quick brown fox", 24, frequency_penalty=1.2, presence_penalty=0.5,
+                                 ignore_eos=True)
+    assert penalised.choices[0].text == text
+    assert penalised.choices[0].text != oai.completions.create(**kwargs, temperature=0).choices[0].text
