@@ -1,21 +1,22 @@
-"""Tree drafting (`speculative_eagle_topk` K > 1) with greedy verification through a tree attention mask.
+"""Tree drafting (`speculative_eagle_topk` K > 1): a round is two jitted calls and two reads.
 
-Drafting (one jitted function, no host sync between steps): the frontier starts as the K best next tokens
-of the draft's last step (depth 1, score = log-probability). Each of the S - 1 draft steps feeds the K
-frontier tokens of every request at once (draft position n + s - 1 for depth s, scratch key indices
-`n + (s-1)K .. n + sK - 1`, borrowed and returned by restoring the allocator state); a node attends to the
-prefix, its ancestors' scratch keys and itself (a mask built on device from per-node ancestor bits). Each
-node proposes its K best children (score = parent score + log-probability); the K best of the K*K become
-the next frontier. Candidates: the K depth-1 nodes and the K*K children of every step.
+Drafting (one call, no host sync between steps): the frontier starts as the K best next tokens of the
+draft's last step (depth 1, score = log-probability). Each of the S - 1 draft steps feeds the K frontier
+tokens of every request at once (draft position n + s - 1 for depth s, scratch key indices
+`n + (s-1)K .. n + sK - 1`, borrowed and returned by restoring the allocator's previous immutable state); a
+node attends to the prefix, its ancestors' scratch keys and itself (a mask built on device from per-node
+ancestor bits). Each node proposes its K best children (score = parent score + log-probability); the K best
+of the K*K become the next frontier. Candidates: the K depth-1 nodes and the K*K children of every step.
+The host reads the candidates (tokens, scores, parents) and selects the tree.
 
-Verify: the `num_draft_tokens - 1` best-scored candidates (parents score higher than children, so the set
-is closed under parents; ties keep shallower nodes) plus the last known token `x` as the root, at key
-indices n .. n+N-1, rope positions n + depth, each seeing the prefix, its ancestors and itself
-(`AttentionMetadata.custom_mask`). Accept: `rejection.verify_tree` walks the tree from the root (greedy:
-the child whose token is the target's argmax; sampled requests: exact rejection sampling over the children,
-best-scored first), in the same jitted call as the verify. The accepted nodes' target
-KV is then moved (`move_kv`, all layers, both pool groups) to the consecutive slots n+1 .. n+a, so the
-request's KV stays a plain sequence; the draft extend rewrites the draft KV there.
+Verify (one call): the `num_draft_tokens - 1` best-scored candidates (parents score higher than children,
+so the set is closed under parents; ties keep shallower nodes) plus the last known token `x` as the root,
+at key indices n .. n+N-1, rope positions n + depth, each seeing the prefix, its ancestors and itself
+(`AttentionMetadata.custom_mask`). In the same call: `rejection.verify_tree` walks the tree (greedy: the
+child whose token is the target's argmax; sampled requests: exact rejection sampling over the children,
+best-scored first; penalties count the drafted path), the accepted nodes' target KV is moved (`move_kv`,
+all layers, both pool groups) to the consecutive slots n+1 .. n+a so that the request's KV stays a plain
+sequence, and the draft extends over n .. n+a (a plain causal chain) to give the next round's state.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from flax import nnx
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.memory.kv_pool import move_kv
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
+from jaxserve.speculative.draft_state import best_next, greedy_ids, store
 from jaxserve.speculative.rejection import count_emitted, verify_tree
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
@@ -79,23 +81,50 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
         return dpool, (jnp.concatenate(cand_tok, 1), jnp.concatenate(cand_score, 1),
                        jnp.concatenate(cand_parent, 1))
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "penalties"))
-    def verify_round(tparams, pools, penalties, tokens, children, parents, meta, sampling):
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
+    def verify_round(tparams, dparams, pools, dpool, penalties, states, emb, tokens, children, parents, meta,
+                     ext_meta, sampling, dest):
+        """Verify the trees, walk them, count the emitted tokens, move the accepted nodes' target KV to
+        consecutive slots, draft-extend over them and store the next draft state: one call."""
         logits, pools, aux = nnx.merge(tgraph, tparams)(tokens.reshape(-1), meta, pools,
                                                         return_all_logits=True)
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
                               parents=parents)
         rows, nodes = tokens.shape
         penalties = count_emitted(penalties, verdict, sampling.penalty_rows.reshape(rows, nodes)[:, 0])
-        return pools, penalties, verdict, aux
+        # accepted node path[j] (verify key index n + path[j]) moves to n + j; the rest are dropped writes
+        base = (jnp.arange(rows) * nodes)[:, None]
+        src_row, dst_row = base + verdict.path, base + jnp.arange(num_steps + 1)[None, :]
+        steps = jnp.arange(num_steps + 1)[None, :]
+        moving = (steps <= verdict.num_accepted[:, None]) & (verdict.path != steps)
 
-    @functools.partial(jax.jit, donate_argnames=("pools",))
-    def compact(pools, src, dst, swa_src, swa_dst):
-        if swa_src is None:
-            return move_kv(pools, src, dst)
-        return pools.replace(full=move_kv(pools.full, src, dst), swa=move_kv(pools.swa, swa_src, swa_dst))
+        def moved(pool, write_slots):
+            dst = jnp.where(moving, write_slots[dst_row], pool.data.shape[1]).reshape(-1)  # out of range
+            return move_kv(pool, write_slots[src_row].reshape(-1), dst)
 
-    return draft_tree, verify_round, compact
+        if meta.swa_write_slots is None:
+            pools = moved(pools, meta.write_slots)
+        else:
+            pools = pools.replace(full=moved(pools.full, meta.write_slots),
+                                  swa=moved(pools.swa, meta.swa_write_slots))
+        # draft extend over positions n .. n+N-1 (a plain chain, `ext_meta`): position n + j takes the j-th
+        # emitted token and the captured state of the node that produced it; exact up to n + a (a < N)
+        draft = nnx.merge(dgraph, dparams)
+        ids, rows_in = _fit(verdict.emitted, nodes), _fit(src_row, nodes)
+        dlogits, hidden, dpool = draft(ids.reshape(-1), aux[rows_in.reshape(-1)], ext_meta, dpool, emb,
+                                       return_all_logits=True)
+        last = jnp.arange(rows) * nodes + verdict.num_accepted
+        states = store(states, dest, (*best_next(draft, dlogits[last], topk), hidden[last]))
+        return pools, dpool, penalties, states, verdict, greedy_ids(draft, dlogits)
+
+    return draft_tree, verify_round
+
+
+def _fit(x: jax.Array, width: int) -> jax.Array:
+    """`[R, D+1]` -> `[R, width]`: cut, or pad with the last column (never read: past the accepted span)."""
+    if x.shape[1] >= width:
+        return x[:, :width]
+    return jnp.concatenate([x, jnp.broadcast_to(x[:, -1:], (x.shape[0], width - x.shape[1]))], axis=1)
 
 
 def select_tree(tok, score, parent, num_nodes: int):
@@ -122,14 +151,12 @@ class TreeDrafter:
     def __init__(self, worker, tgraph, dgraph) -> None:
         self.w = worker
         self.k = worker.topk
-        self._draft_tree, self._verify_round, self._compact = _make_tree_fns(tgraph, dgraph,
-                                                                             worker.num_steps, worker.topk)
+        self._draft_tree, self._verify_round = _make_tree_fns(tgraph, dgraph, worker.num_steps, worker.topk)
         self.draft_tokens = tuple(b * self.k for b in worker.seq_buckets)
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        return {"draft_tree": self._draft_tree._cache_size(), "verify_tree": self._verify_round._cache_size(),
-                "compact": self._compact._cache_size()}
+        return {"draft_tree": self._draft_tree._cache_size(), "verify_tree": self._verify_round._cache_size()}
 
     def _draft(self, reqs, starts):
         w, kv, k, steps = self.w, self.w.kv, self.k, self.w.num_steps
@@ -159,7 +186,10 @@ class TreeDrafter:
         kv.allocator.state = backup  # the scratch slots go back: nothing was freed since the backup
         return cands
 
-    def draft_and_verify(self, reqs, starts):
+    def round(self, reqs, starts):
+        """Draft the trees (one call, candidates read back), select and verify them with everything after
+        (one call, verdict read back). Per request (accepted drafts, new tokens, their logprobs, verify rows
+        of the path), as `EagleWorker.results`."""
         w, kv, nv, k = self.w, self.w.kv, self.w.num_verify, self.k
         tok, score, parent = self._draft(reqs, starts)
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
@@ -168,7 +198,8 @@ class TreeDrafter:
         tokens = np.zeros((num_rows, nv), np.int32)
         parents = np.full((num_rows, nv), -2, np.int32)
         children = np.full((num_rows, nv, k), -1, np.int32)
-        depths, steps, masks = [], [], []
+        full_pages, swa_pages = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])
+        depths, steps, chain, masks = [], [], [], []
         for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
             toks, pars, deps = select_tree(tok[i], score[i], parent[i], nv - 1)
             pad = nv - len(toks)  # dropped nodes: padding leaves that no walk reaches
@@ -181,8 +212,9 @@ class TreeDrafter:
                     children[i, pars[v], filled[pars[v]]] = v
                     filled[pars[v]] += 1
             depths.append(deps)
-            full, swa = kv.page_ids(req.cached, n + nv)
-            steps.append(SequenceStep(nv, n + nv, full, swa, positions=[n + d for d in deps]))
+            swa = None if swa_pages is None else swa_pages[i]
+            steps.append(SequenceStep(nv, n + nv, full_pages[i], swa, positions=[n + d for d in deps]))
+            chain.append(SequenceStep(nv, n + nv, full_pages[i]))
             mask = np.zeros((nv, n + nv), bool)
             mask[:, :n] = True
             for v in range(nv):
@@ -195,38 +227,19 @@ class TreeDrafter:
         custom = np.zeros((len(reqs) * nv, width), bool)
         for i, m in enumerate(masks):
             custom[i * nv:(i + 1) * nv, : m.shape[1]] = m
+        buckets = dict(token_buckets=w.verify_tokens, seq_buckets=w.seq_buckets, page_buckets=w.page_buckets)
         meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid, custom_mask=custom,
-                                        token_buckets=w.verify_tokens, seq_buckets=w.seq_buckets,
-                                        page_buckets=w.page_buckets)
+                                        **buckets)
+        ext_meta = build_attention_metadata(chain, page_size=kv.page_size, **buckets)
         rows = w.sampling_rows(reqs, depths)
         rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * (meta.num_tokens - len(rows))
-        w.kv.pools, w.runner.penalties, verdict, aux = self._verify_round(
-            w.tparams, w.kv.pools, w.runner.penalties, tokens, children, parents, meta,
-            build_sampling_batch(rows, meta.num_tokens))
+        dest = np.full(num_rows, w.states[0].shape[0], np.int32)  # padding rows: dropped
+        dest[: len(reqs)] = [w.state[r] for r in reqs]
+        w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._verify_round(
+            w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, tokens, children,
+            parents, meta, ext_meta, build_sampling_batch(rows, meta.num_tokens), dest)
         results = w.results(verdict, len(reqs))
-        src, dst = [], []
-        for i, ((_, _, _, vrows), req, n) in enumerate(zip(results, reqs, starts, strict=True)):
-            slots = req.cached.kv_slots
-            for j, r in enumerate(vrows):
-                v = r - i * nv
-                if v != j:
-                    src.append(int(slots[n + v]))
-                    dst.append(int(slots[n + j]))
-        if src:
-            self._move(src, dst)
-            w.stats["tree_kv_moved"] += len(src)
-        return results, aux
-
-    def _move(self, src, dst):
-        kv = self.w.kv
-        size = pick_bucket(len(src), self.w.verify_tokens, "moved tokens")
-        s = np.zeros(size, np.int64)
-        d = np.zeros(size, np.int64)
-        s[: len(src)], d[: len(dst)] = src, dst
-        if kv.hybrid:
-            ss, sd = np.zeros(size, np.int64), np.zeros(size, np.int64)
-            ss[: len(src)] = kv.allocator.swa_slots_of(np.asarray(src))
-            sd[: len(dst)] = kv.allocator.swa_slots_of(np.asarray(dst))
-            self.w.kv.pools = self._compact(kv.pools, s, d, ss, sd)
-        else:
-            self.w.kv.pools = self._compact(kv.pools, s, d, None, None)
+        w.record_extend(ext_meta, top1, results)
+        w.stats["tree_kv_moved"] += sum(int(r - i * nv != j) for i, (*_, vrows) in enumerate(results)
+                                        for j, r in enumerate(vrows))
+        return results

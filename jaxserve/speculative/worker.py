@@ -48,6 +48,7 @@ from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
+from jaxserve.speculative.draft_state import best_next, greedy_ids, new_states, store
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.schedule import SpecScheduler
@@ -66,18 +67,10 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
     def draft_of(params):
         return nnx.merge(dgraph, params)
 
-    def greedy(draft: Eagle3Draft, logits):
-        return draft.to_target_ids(jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    greedy = greedy_ids
 
     def best(draft: Eagle3Draft, logits):
-        logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), topk)
-        return draft.to_target_ids(ids.astype(jnp.int32)), logp
-
-    def store(states, dest, new):
-        """Write rows of (top ids, top logp, hidden) into the state buffer at rows `dest` (out of range:
-        dropped)."""
-        return tuple(buf.at[dest].set(x.astype(buf.dtype), mode="drop") for buf, x in zip(states, new,
-                                                                                           strict=True))
+        return best_next(draft, logits, topk)
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
     def prefill(tparams, dparams, pools, dpool, penalties, states, emb, input_ids, next_ids, from_sample,
@@ -125,15 +118,7 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         states = store(states, dest, (*best(draft, logits[last_idx]), hidden[last_idx]))
         return pools, dpool, penalties, states, verdict, greedy(draft, logits)
 
-    @functools.partial(jax.jit, donate_argnames=("dpool", "states"))
-    def draft_extend(dparams, dpool, states, emb, ids, aux, rows, meta, dest):
-        draft = draft_of(dparams)
-        logits, hidden, dpool = draft(ids, aux[rows], meta, dpool, emb, return_all_logits=True)
-        top1 = greedy(draft, logits)
-        states = store(states, dest, (*best(draft, logits[meta.sample_idx]), hidden[meta.sample_idx]))
-        return dpool, states, top1
-
-    return prefill, chain_round, draft_extend
+    return prefill, chain_round
 
 
 class EagleWorker:
@@ -157,7 +142,7 @@ class EagleWorker:
         self.num_reserve = max(self.num_verify, (num_steps - 1) * topk)
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
-        self._prefill, self._chain_round, self._draft_extend = _make_fns(tgraph, dgraph, num_steps, topk)
+        self._prefill, self._chain_round = _make_fns(tgraph, dgraph, num_steps, topk)
         self.seq_buckets = tuple(buckets.seqs)
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         most_pages = min(kv.pages_for(context_length + self.num_reserve), kv.num_pages)
@@ -166,9 +151,7 @@ class EagleWorker:
         # log-probabilities and the draft hidden state that produced them (written by prefill and draft
         # extend, read by the next round: never transferred to the host)
         num_state_rows = max(self.seq_buckets)
-        self.states = (jnp.zeros((num_state_rows, topk), jnp.int32),
-                       jnp.zeros((num_state_rows, topk), jnp.float32),
-                       jnp.zeros((num_state_rows, draft.config.hidden_size), draft.config.jnp_dtype))
+        self.states = new_states(num_state_rows, topk, draft.config.hidden_size, draft.config.jnp_dtype)
         self.state: dict[Request, int] = {}
         self._free_state_rows = list(range(num_state_rows - 1, -1, -1))
         scheduler.has_state = self.state.__contains__
@@ -260,13 +243,9 @@ class EagleWorker:
         if not reqs:
             return []
         starts = [r.num_computed for r in reqs]
-        if self.tree is not None:
-            results, aux = self.tree.draft_and_verify(reqs, starts)
-            finished = self._accept(reqs, starts, results)
-            self._extend(reqs, results, aux)
-        else:
-            finished = self._accept(reqs, starts, self._chain(reqs, starts))
-        for req in finished:  # after the draft extend: the tree caches the extended draft KV
+        results = self.tree.round(reqs, starts) if self.tree is not None else self._chain(reqs, starts)
+        finished = self._accept(reqs, starts, results)
+        for req in finished:  # the round's draft extend already ran: the tree caches its draft KV
             self.scheduler.finish(req)
             self.forget(req)
         return finished
@@ -312,9 +291,7 @@ class EagleWorker:
             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
             state_rows, dest, last, draft_metas, meta, build_sampling_batch(rows, meta.num_tokens))
         results = self.results(verdict, len(reqs))
-        if self.slot_top1 is not None:  # the extended positions n .. n+a of each request
-            keep = np.concatenate([i * nv + np.arange(a + 1) for i, (a, *_) in enumerate(results)])
-            self.slot_top1[np.asarray(meta.write_slots)[keep]] = np.asarray(top1)[keep]
+        self.record_extend(meta, top1, results)
         return results
 
     def results(self, verdict: Verdict, num_reqs: int) -> list[tuple[int, list[int], list[float], list[int]]]:
@@ -354,27 +331,6 @@ class EagleWorker:
             req.num_computed = end
         return finished
 
-    def _extend(self, reqs, results, aux) -> None:
-        """Draft extend over the accepted positions n .. n+a (tree path: the accepted nodes' target KV was
-        moved to consecutive slots; their captured states are rows of `aux`), storing the next state."""
-        kv = self.kv
-        ends = [r.num_computed for r in reqs]
-        pages, _ = kv.page_ids_many([r.cached for r in reqs], ends)
-        ext_steps = [SequenceStep(a + 1, end, p)
-                     for (a, *_), end, p in zip(results, ends, pages, strict=True)]
-        ext_ids = [t for _, new, _, _ in results for t in new]
-        ext_rows = [r for *_, rows in results for r in rows]
-        meta = build_attention_metadata(ext_steps, page_size=kv.page_size, token_buckets=self.verify_tokens,
-                                        seq_buckets=self.seq_buckets, page_buckets=self.page_buckets)
-        ids = np.zeros(meta.num_tokens, np.int32)
-        rows = np.zeros(meta.num_tokens, np.int32)
-        ids[: len(ext_ids)], rows[: len(ext_rows)] = ext_ids, ext_rows
-        dest = np.full(meta.num_seqs, self.states[0].shape[0], np.int32)
-        dest[: len(reqs)] = [self.state[r] for r in reqs]
-        self.dpool, self.states, top1 = self._draft_extend(self.dparams, self.dpool, self.states, self.emb,
-                                                           ids, aux, rows, meta, dest)
-        self._record(meta, len(ext_ids), top1)
-
     def record_draft_top1(self) -> None:
         """Start keeping `slot_top1` (costs a device-to-host copy of T ids per prefill / draft extend)."""
         self.slot_top1 = np.full(self.dpool.data.shape[1], -1, np.int64)
@@ -382,6 +338,14 @@ class EagleWorker:
     def _record(self, meta, num_tokens: int, top1) -> None:
         if self.slot_top1 is not None:
             self.slot_top1[np.asarray(meta.write_slots)[:num_tokens]] = np.asarray(top1)[:num_tokens]
+
+    def record_extend(self, meta, top1, results) -> None:
+        """`_record` for a round's draft extend (`meta`: one chain of N tokens per request, request i's
+        position n + j at row i*N + j): positions n .. n+a of each request."""
+        if self.slot_top1 is not None:
+            nv = self.num_verify
+            keep = np.concatenate([i * nv + np.arange(a + 1) for i, (a, *_) in enumerate(results)])
+            self.slot_top1[np.asarray(meta.write_slots)[keep]] = np.asarray(top1)[keep]
 
     # ------------------------------------------------------------------ bookkeeping
     def forget(self, req: Request) -> None:
@@ -392,8 +356,7 @@ class EagleWorker:
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        counts = {"prefill": self._prefill._cache_size(), "chain_round": self._chain_round._cache_size(),
-                  "draft_extend": self._draft_extend._cache_size()}
+        counts = {"prefill": self._prefill._cache_size(), "chain_round": self._chain_round._cache_size()}
         if self.tree is not None:
             counts.update(self.tree.num_compiles)
         return counts
