@@ -4,7 +4,7 @@
 State of a decoding request with `n = num_computed` (facts: reference eagle3-gptoss.md section 3): target
 KV and draft KV at positions `[0, n)`, the last token `x` (position n) known but not computed, and from the
 draft's last step its best next tokens (`d1` for position n + 1) with the draft hidden state that produced
-them. That state stays on device (`_DraftState`): a round gathers its rows with an index array, no sync.
+them. That state stays on device (`draft_state`): a round reads its rows with an index array, no sync.
 
 Prefill step: the target runs the chunk (writing its KV, capturing `aux` hidden states, sampling at the end of
 the prompt with the request's penalties), then the draft runs over the same positions and slots with the
@@ -12,24 +12,26 @@ input ids shifted left by one - position i gets token i + 1, the last one the to
 same jitted call. This shift is why the prefix tree keys bigrams (`KVCache(eagle=True)`): the draft KV at i
 is valid only next to token i + 1.
 
-Chain round (one per step, for every decoding request; ONE jitted call and ONE device-to-host transfer):
-1. allocate slots for positions n .. n+S (the verify span); the S-1 draft steps write their scratch draft
-   KV into the first S-1 of them (positions n .. n+S-2), a Python loop unrolled under jit with no host sync
-   between steps. The slots are the verify's own, so nothing is borrowed and returned on this path (the tree
-   path borrows a wider scratch and returns it by restoring the allocator's previous immutable state).
-2. verify: the target runs over `[x, d1 .. dS]` (causal: a chain); `rejection.verify_tree` walks it (greedy
-   match or rejection sampling, penalties counting the drafted tokens) and the penalty counts take the
-   emitted tokens, in the same call. The host reads the verdict: a accepted drafts plus the correction or
-   bonus token. Slots of whole pages past the new end n + a + 1 are freed.
-3. draft extend over the accepted positions n .. n+a with the now known next tokens (the emitted ones),
-   reading the verify's captured states: it rewrites the draft KV there and gives the next draft state
-   (dispatched, not awaited: the next round reads it on device).
-Requests that finish in the round still get step 3 before `cache_finished_req`, so that every position the
-tree caches has draft KV computed with its true next token.
+Chain round (one per step, for every decoding request): ONE jitted call, then ONE read of the verdict
+(4 small arrays) by the host.
+1. The host allocates slots for positions n .. n+S (the verify span); the S-1 draft steps write their
+   scratch draft KV into the first S-1 of them (positions n .. n+S-2), a Python loop unrolled under jit with
+   no host sync between steps. The slots are the verify's own, so nothing is borrowed and returned on this
+   path (the tree path borrows a wider scratch and returns it by restoring the allocator's previous
+   immutable state).
+2. Verify: the target runs over `[x, d1 .. dS]` (causal: a chain); `rejection.verify_tree` walks it (greedy
+   match or rejection sampling, penalties counting the drafted tokens) and the penalty pool counts the
+   emitted tokens.
+3. Draft extend over positions n .. n+S with the emitted tokens as next tokens, reading the verify's
+   captured states: exact over the accepted positions n .. n+a (all the prefix tree caches and the next
+   round reads); it stores the next draft state.
+The host then appends the a accepted drafts plus the correction or bonus token, frees the slots of whole
+pages past the new end n + a + 1, and finishes the requests a stop rule ended: their draft KV is already
+extended, so every position the tree caches has draft KV computed with its true next token.
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
-allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round and draft extend per
-(seqs, pages) bucket (verify and extend token counts are padded to seqs * (S + 1)).
+allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
+bucket (the verify's token count is padded to seqs * (S + 1)). Sampling parameters are data, not shapes.
 """
 
 from __future__ import annotations
