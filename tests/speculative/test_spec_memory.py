@@ -130,3 +130,19 @@ def test_device_reads_per_round(tree, monkeypatch):
         assert len(reads) == (7 if tree else 4), reads
     assert rounds >= 3 and all(engine.output(r)["meta_info"]["completion_tokens"] == 12 for r in rids)
     engine.flush_cache()
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_penalised_requests_survive_retraction(tree):
+    """Penalty counts live in the runner's pool rows: a retracted request gets its row back with its output
+    counted, so penalised greedy output in a tiny pool (retractions) still equals the plain engine's."""
+    prompts = sp.shared_prefix_prompts(seed=31, n=6)
+    params = [{**GREEDY, "max_new_tokens": 28, "frequency_penalty": 0.9, "repetition_penalty": 1.3}] * 6
+    ref = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}
+    engine = sp.engine("llama", num_steps=2, max_total_tokens=160, **extra)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
+    assert engine.scheduler.num_retractions > 0
+    engine.check_memory()
+    engine.flush_cache()
