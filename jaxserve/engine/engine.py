@@ -91,6 +91,7 @@ class Engine:
         self.spec = EagleWorker(model, draft_model, self.kv, self.scheduler, self.buckets, runner=self.runner,
                                 num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
                                 num_draft_tokens=args.num_draft_tokens,
+                                overlap=not args.disable_overlap_schedule,
                                 context_length=self.context_length) if speculative else None
         self._seeds = SeedSource(args.random_seed)
         self._requests: dict[str, Request] = {}
@@ -154,7 +155,8 @@ class Engine:
     @property
     def idle(self) -> bool:
         """No request queued or running and no step in flight."""
-        return self.scheduler.idle and self._inflight is None
+        return self.scheduler.idle and self._inflight is None and (self.spec is None or
+                                                                   self.spec.inflight is None)
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[Request]:

@@ -29,6 +29,16 @@ The host then appends the a accepted drafts plus the correction or bonus token, 
 pages past the new end n + a + 1, and finishes the requests a stop rule ended: their draft KV is already
 extended, so every position the tree caches has draft KV computed with its true next token.
 
+Overlapped schedule (chains; the default unless `disable_overlap_schedule`): a decode step dispatches
+round t+1 before reading round t's verdict, then applies round t while the device runs t+1, so the host's
+bookkeeping hides behind device work. Round t+1 is built for each request as if every draft of round t were
+accepted (start n + S + 1, slots allocated that far) and moved back on device (`shift.shift_meta`) by what
+round t accepted; its last token and output count come from round t's verdict too (kept per state row in
+`shifts`). A request that finished in round t ran round t+1 for nothing: its results there are dropped, its
+slots are already back (device order keeps the late writes ahead of any reuse). A prefill, or nothing left
+to decode, first applies the round in flight (`drain`). Tree drafting and `record_draft_top1` run
+synchronously. Sampled outputs are the same under both schedules (same rounds, same keys).
+
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
 bucket (the verify's token count is padded to seqs * (S + 1)). Sampling parameters are data, not shapes.
@@ -36,6 +46,7 @@ bucket (the verify's token count is padded to seqs * (S + 1)). Sampling paramete
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -54,6 +65,7 @@ from jaxserve.speculative.draft_state import best_next, greedy_ids, new_states, 
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.schedule import SpecScheduler
+from jaxserve.speculative.shift import shift_meta
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
 
@@ -87,11 +99,22 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         states = store(states, dest, (*best(draft, dlogits[meta.sample_idx]), hidden[meta.sample_idx]))
         return pools, dpool, penalties, states, out, top1
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
-    def chain_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
-                    draft_metas, meta, sampling):
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
+    def chain_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
+                    last, draft_metas, meta, sampling):
         """Draft S-1 steps, verify the chain, walk it, count the emitted tokens, draft-extend over the
-        verified span and store the next draft state: one call, no host sync."""
+        verified span and store the next draft state: one call, no host sync. Sequences flagged `shifted`
+        continue the previous round on device (`shift.shift_meta`): start, last token and output count come
+        from that round's verdict, kept per state row in `shifts` (accepted drafts, last emitted token)."""
+        nodes = num_steps + 1
+        prev_acc = shifts[0][state_rows]
+        delta = jnp.where(shifted, prev_acc + 1 - nodes, 0)
+        last = jnp.where(shifted, shifts[1][state_rows], last)
+        meta = shift_meta(meta, delta)
+        if draft_metas is not None:
+            draft_metas = jax.vmap(shift_meta, in_axes=(0, None))(draft_metas, delta)
+        generated = jnp.repeat(jnp.where(shifted, prev_acc + 1, 0), nodes)
+        sampling = dataclasses.replace(sampling, num_generated=sampling.num_generated + generated)
         top_ids, _, hidden = (x[state_rows] for x in states)
         first = top_ids[:, 0]
         draft = draft_of(dparams)
@@ -105,7 +128,6 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         rows = first.shape[0]
         tokens = jnp.concatenate([last[:, None], jnp.stack(drafts, axis=1)], axis=1)
         logits, pools, aux = target_of(tparams)(tokens.reshape(-1), meta, pools, return_all_logits=True)
-        nodes = num_steps + 1
         children = jnp.broadcast_to(jnp.asarray(chain_children(nodes)), (rows, nodes, 1))
         parents = jnp.broadcast_to(jnp.asarray(chain_parents(nodes)), (rows, nodes))
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
@@ -118,9 +140,23 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
                                       return_all_logits=True)
         last_idx = jnp.arange(rows) * nodes + verdict.num_accepted
         states = store(states, dest, (*best(draft, logits[last_idx]), hidden[last_idx]))
-        return pools, dpool, penalties, states, verdict, greedy(draft, logits)
+        last_tok = jnp.take_along_axis(verdict.emitted, verdict.num_accepted[:, None], axis=1)[:, 0]
+        shifts = store(shifts, dest, (verdict.num_accepted, last_tok))
+        return pools, dpool, penalties, states, shifts, verdict, greedy(draft, logits)
 
     return prefill, chain_round
+
+
+@dataclasses.dataclass(frozen=True)
+class _Round:
+    """A dispatched chain round: its requests (verdict row order), the device verdict, and for diagnostics
+    the host-built metadata and the extend's top-1 ids."""
+
+    reqs: list[Request]
+    members: frozenset
+    verdict: Verdict
+    meta: object
+    top1: jax.Array
 
 
 class EagleWorker:
@@ -129,7 +165,7 @@ class EagleWorker:
 
     def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, scheduler: SpecScheduler,
                  buckets: Buckets, *, runner, num_steps: int, context_length: int, topk: int = 1,
-                 num_draft_tokens: int | None = None) -> None:
+                 num_draft_tokens: int | None = None, overlap: bool = True) -> None:
         if tuple(target.aux_hidden_state_layer_ids) != tuple(draft.config.aux_layer_ids):
             raise ValueError(f"the target captures layers {target.aux_hidden_state_layer_ids} but the draft "
                              f"reads {draft.config.aux_layer_ids}: load the target with "
@@ -155,6 +191,11 @@ class EagleWorker:
         num_state_rows = max(self.seq_buckets)
         self.states = new_states(num_state_rows, topk, draft.config.hidden_size, draft.config.jnp_dtype)
         self.state: dict[Request, int] = {}
+        # per state row, the last round's accepted drafts and last emitted token (read by an overlapped round)
+        self.shifts = (jnp.zeros(num_state_rows, jnp.int32), jnp.zeros(num_state_rows, jnp.int32))
+        # overlapped schedule (chains): the dispatched round whose verdict the host has not applied yet
+        self.overlap = overlap and topk == 1
+        self.inflight: _Round | None = None
         self._free_state_rows = list(range(num_state_rows - 1, -1, -1))
         scheduler.has_state = self.state.__contains__
         scheduler.on_retract = self.forget
@@ -170,18 +211,34 @@ class EagleWorker:
 
     # ------------------------------------------------------------------ steps
     def step(self) -> list[Request]:
-        """One prefill step if anything is to prefill, else one decode round. Returns finished requests."""
+        """One prefill step if anything is to prefill, else one decode round. Returns finished requests.
+        A round still in flight is applied first when a prefill comes (or nothing is left to decode)."""
+        finished = []
+        if self.inflight is not None and self._prefill_pending():
+            finished = self.drain()
         batch = self.scheduler.schedule_prefill()
         if batch:
-            return self.prefill(batch)
+            return finished + self.prefill(batch)
         reqs = self.scheduler.decoding()
         if reqs:
-            return self.decode(reqs)
+            return finished + self.decode(reqs)
+        if self.inflight is not None:
+            return finished + self.drain()
         if not self.scheduler.idle:
             raise SchedulerStuckError(f"no progress with {len(self.scheduler.running)} running and "
                                       f"{len(self.scheduler.waiting)} waiting requests "
                                       f"({self.kv.available_slots()} slots free)")
-        return []
+        return finished
+
+    def _prefill_pending(self) -> bool:
+        sched = self.scheduler
+        return bool(sched.waiting) or any(r.status is Status.RUNNING and r not in self.state
+                                          for r in sched.running)
+
+    def drain(self) -> list[Request]:
+        """Apply the round in flight, if any (its requests end at their new length). Returns finished."""
+        rnd, self.inflight = self.inflight, None
+        return self._apply(rnd, ()) if rnd is not None else []
 
     def prefill(self, batch: list[ScheduledSeq]) -> list[Request]:
         inp = build_step_input(batch, self.kv, self.buckets)
@@ -220,12 +277,18 @@ class EagleWorker:
             row = self.state[req] = self._free_state_rows.pop()
         return row
 
-    def _make_room(self, reqs: list[Request]) -> list[Request]:
+    def _round_end(self, req: Request, prev: _Round | None) -> int:
+        """Slots a request needs for this round: its verify span (or tree scratch) past `num_computed`, and
+        past the furthest start the round in flight can give it (`num_computed + S + 1`) when it is in it."""
+        extra = self.num_verify if prev is not None and req in prev.members else 0
+        return req.num_computed + extra + self.num_reserve
+
+    def _make_room(self, reqs: list[Request], prev: _Round | None = None) -> list[Request]:
         """Free slots for every request's round (verify span or tree scratch), evicting tree nodes and then
         retracting the newest running requests. Returns the requests still decoding."""
         kv = self.kv
         while reqs:
-            need = sum(kv.pages_for(r.num_computed + self.num_reserve) - kv.pages_for(r.num_computed)
+            need = sum(max(0, kv.pages_for(self._round_end(r, prev)) - kv.pages_for(len(r.cached.kv_slots)))
                        for r in reqs) * kv.page_size
             kv._make_room(need)
             if kv.available_slots() >= need:
@@ -241,12 +304,35 @@ class EagleWorker:
         return rows
 
     def decode(self, reqs: list[Request]) -> list[Request]:
-        reqs = self._make_room(reqs)
+        """One round for `reqs`. Overlapped (chains, unless disabled or recording diagnostics): dispatch this
+        round, then apply the previous one while the device runs this one; its requests that finished there
+        ran this round for nothing, and their results here are dropped. Otherwise dispatch and apply."""
+        if self.overlap and self.slot_top1 is None:
+            prev = self.inflight
+            reqs = self._make_room(reqs, prev)
+            if not reqs:
+                return self.drain()
+            self.inflight = self._chain(reqs, prev)
+            return self._apply(prev, self.inflight.members) if prev is not None else []
+        finished = self.drain()
+        reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.state])
         if not reqs:
-            return []
-        starts = [r.num_computed for r in reqs]
-        results = self.tree.round(reqs, starts) if self.tree is not None else self._chain(reqs, starts)
-        finished = self._accept(reqs, starts, results)
+            return finished
+        if self.tree is not None:
+            results = self.tree.round(reqs, [r.num_computed for r in reqs])
+            return finished + self._finish(self._accept(reqs, results, ()))
+        return finished + self._apply(self._chain(reqs, None), ())
+
+    def _apply(self, rnd: _Round, next_members) -> list[Request]:
+        """Read a dispatched chain round's verdict and apply it to the requests still decoding; those in
+        `next_members` (the round now in flight) keep slots for its span."""
+        results = self.results(rnd.verdict, len(rnd.reqs))
+        self.record_extend(rnd.meta, rnd.top1, results)
+        live = [(r, res) for r, res in zip(rnd.reqs, results, strict=True)
+                if r.status is Status.RUNNING and r in self.state]
+        return self._finish(self._accept([r for r, _ in live], [res for _, res in live], next_members))
+
+    def _finish(self, finished: list[Request]) -> list[Request]:
         for req in finished:  # the round's draft extend already ran: the tree caches its draft KV
             self.scheduler.finish(req)
             self.forget(req)
@@ -260,12 +346,15 @@ class EagleWorker:
             rows += [SamplingRow(req.params, req.seed, done + int(d), req.penalty_row) for d in ds]
         return rows
 
-    def _chain(self, reqs, starts):
-        """The chain round in one call; per request (accepted drafts, new tokens, their logprobs, verify rows
-        of the path)."""
+    def _chain(self, reqs: list[Request], prev: _Round | None) -> _Round:
+        """Dispatch the chain round (one call). Requests in `prev` (in flight) are built as if every draft
+        there were accepted and shifted back on device."""
         kv, nv, steps = self.kv, self.num_verify, self.num_steps
-        if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
+        ends = [self._round_end(r, prev) for r in reqs]
+        spans = [(r.cached, len(r.cached.kv_slots), e) for r, e in zip(reqs, ends, strict=True)]
+        if not kv.extend_many([s for s in spans if s[2] > s[1]]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
+        starts = [e - nv for e in ends]  # the furthest start; shifted back on device where in `prev`
         state_rows = self.state_rows(reqs)
         num_rows = state_rows.shape[0]
         last = np.zeros(num_rows, np.int32)
@@ -288,13 +377,16 @@ class EagleWorker:
         rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((num_rows - len(reqs)) * nv)
         dest = np.full(num_rows, self.states[0].shape[0], np.int32)  # padding rows: dropped
         dest[: len(reqs)] = state_rows[: len(reqs)]
+        shifted = np.zeros(num_rows, bool)
+        if prev is not None:
+            shifted[: len(reqs)] = [r in prev.members for r in reqs]
         runner = self.runner
-        self.kv.pools, self.dpool, runner.penalties, self.states, verdict, top1 = self._chain_round(
-            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
-            state_rows, dest, last, draft_metas, meta, build_sampling_batch(rows, meta.num_tokens))
-        results = self.results(verdict, len(reqs))
-        self.record_extend(meta, top1, results)
-        return results
+        (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
+         top1) = self._chain_round(
+            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts,
+            self.emb, state_rows, dest, shifted, last, draft_metas, meta,
+            build_sampling_batch(rows, meta.num_tokens))
+        return _Round(reqs, frozenset(reqs), verdict, meta, top1)
 
     def results(self, verdict: Verdict, num_reqs: int) -> list[tuple[int, list[int], list[float], list[int]]]:
         """The host's view of a verdict (one transfer): per request (accepted drafts, emitted tokens, their
@@ -309,12 +401,14 @@ class EagleWorker:
                         (i * nv + path[i, : a + 1]).tolist()))
         return out
 
-    def _accept(self, reqs, starts, results) -> list[Request]:
+    def _accept(self, reqs, results, next_members) -> list[Request]:
         """Append each request's new tokens (until a stop rule fires), move its end to n + a + 1 and free
-        whole pages past it. Returns the requests that finished (the caller finishes them)."""
+        whole pages past it (past the span of the round in flight, for `next_members`). Returns the requests
+        that finished (the caller finishes them)."""
         kv = self.kv
         finished = []
-        for req, n, (accepted, new, logps, _) in zip(reqs, starts, results, strict=True):
+        for req, (accepted, new, logps, _) in zip(reqs, results, strict=True):
+            n = req.num_computed
             req.spec_accept_lengths.append(accepted)
             self.stats["rounds"] += 1
             self.stats["verified"] += self.num_steps
@@ -325,11 +419,12 @@ class EagleWorker:
                     finished.append(req)
                     break
             end = n + accepted + 1
+            keep = end + (self.num_verify if req in next_members else 0)
             slots = req.cached.kv_slots
-            tail = slots[kv.pages_for(end) * kv.page_size:]
+            tail = slots[kv.pages_for(keep) * kv.page_size:]
             if tail.shape[0]:
                 kv.allocator.free(tail)
-            req.cached.kv_slots = slots[:end]
+            req.cached.kv_slots = slots[:keep]
             req.num_computed = end
         return finished
 

@@ -105,3 +105,27 @@ def test_greedy_with_penalties_equals_plain(tree):
     assert max(max(o["meta_info"]["spec_accept_lengths"]) for o in outs) > 0
     engine.check_memory()
     engine.flush_cache()
+
+
+def test_overlapped_schedule_matches_the_synchronous_one():
+    """The overlapped chain schedule (round t+1 dispatched before round t's verdict is read, its starts,
+    last tokens and output counts taken from that verdict on device) decides exactly what the synchronous
+    one decides: same tokens for greedy, seeded sampled and penalised requests, same accepted lengths."""
+    prompts = sp.shared_prefix_prompts(seed=13, n=6)
+    params = [{**GREEDY, "max_new_tokens": 30},
+              {"temperature": 0.9, "top_p": 0.9, "max_new_tokens": 30, "seed": 3},
+              {"temperature": 1.2, "top_k": 5, "max_new_tokens": 17, "seed": 4},
+              {**GREEDY, "max_new_tokens": 25, "frequency_penalty": 1.1},
+              {"temperature": 0.7, "presence_penalty": 0.8, "max_new_tokens": 30, "seed": 5},
+              {**GREEDY, "max_new_tokens": 9}]
+    outs = {}
+    for sync in (True, False):
+        engine = sp.engine("llama", num_steps=3, disable_overlap_schedule=sync)
+        outs[sync] = engine.generate(input_ids=prompts, sampling_params=params)
+        assert (engine.spec.inflight is None) and engine.idle
+        engine.check_memory()
+        engine.flush_cache()
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["meta_info"]["spec_accept_lengths"] == b["meta_info"]["spec_accept_lengths"]
+    assert any(max(o["meta_info"]["spec_accept_lengths"]) > 0 for o in outs[False])

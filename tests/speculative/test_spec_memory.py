@@ -102,13 +102,16 @@ def test_last_prefill_chunk_of_one_token_and_tree_drafting_under_retraction():
     engine.flush_cache()
 
 
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_device_reads_per_round(tree, monkeypatch):
+@pytest.mark.parametrize("mode", ["chain", "chain-overlap", "tree"])
+def test_device_reads_per_round(mode, monkeypatch):
     """Every device -> host read goes through `ArrayImpl._value` (np.asarray, int(), device_get): a chain
-    round reads only its verdict (4 arrays, in one `device_get`), the tree path also its candidates (3)."""
+    round reads only its verdict (4 arrays, in one `device_get`), the tree path also its candidates (3).
+    Overlapped, a step dispatches its round and reads the previous one's verdict: the first decode step
+    reads nothing, the last step (nothing left to decode) reads the final verdict."""
     from jax._src import array as jax_array
 
-    extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}
+    extra = {"chain": dict(disable_overlap_schedule=True), "chain-overlap": {},
+             "tree": dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4)}[mode]
     engine = sp.engine("llama", num_steps=2, **extra)
     prompts = sp.shared_prefix_prompts(seed=9, n=3)
     engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 8})  # compile
@@ -122,13 +125,16 @@ def test_device_reads_per_round(tree, monkeypatch):
     rids = [engine.submit(input_ids=p, sampling_params={**GREEDY, "max_new_tokens": 12}) for p in prompts]
     engine.step()  # prefill: the sampled ids and their logprobs
     assert len(reads) == 2
-    rounds = 0
+    per_step = []
     while not engine.idle:
         reads.clear()
         engine.step()
-        rounds += 1
-        assert len(reads) == (7 if tree else 4), reads
-    assert rounds >= 3 and all(engine.output(r)["meta_info"]["completion_tokens"] == 12 for r in rids)
+        per_step.append(len(reads))
+    assert len(per_step) >= 3 and all(engine.output(r)["meta_info"]["completion_tokens"] == 12 for r in rids)
+    if mode == "chain-overlap":
+        assert per_step[0] == 0 and all(n == 4 for n in per_step[1:]), per_step
+    else:
+        assert all(n == (7 if mode == "tree" else 4) for n in per_step), per_step
     engine.flush_cache()
 
 
