@@ -183,7 +183,8 @@ class EagleWorker:
         self._prefill, self._chain_round = _make_fns(tgraph, dgraph, num_steps, topk)
         self.seq_buckets = tuple(buckets.seqs)
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
-        most_pages = min(kv.pages_for(context_length + self.num_reserve), kv.num_pages)
+        # an overlapped round reaches up to 2 verify spans past the last applied position
+        most_pages = min(kv.pages_for(context_length + 2 * self.num_reserve), kv.num_pages)
         self.page_buckets = tuple(sorted({*buckets.pages, max(most_pages, max(buckets.pages))}))
         # per decoding request, a row of the device state buffer: the draft's `topk` best next tokens, their
         # log-probabilities and the draft hidden state that produced them (written by prefill and draft
@@ -283,9 +284,11 @@ class EagleWorker:
         extra = self.num_verify if prev is not None and req in prev.members else 0
         return req.num_computed + extra + self.num_reserve
 
-    def _make_room(self, reqs: list[Request], prev: _Round | None = None) -> list[Request]:
+    def _make_room(self, reqs: list[Request], prev: _Round | None = None, *,
+                   retract: bool = True) -> list[Request] | None:
         """Free slots for every request's round (verify span or tree scratch), evicting tree nodes and then
-        retracting the newest running requests. Returns the requests still decoding."""
+        (`retract`) retracting the newest running requests. Returns the requests still decoding; None when
+        eviction alone is not enough and `retract` is False."""
         kv = self.kv
         while reqs:
             need = sum(max(0, kv.pages_for(self._round_end(r, prev)) - kv.pages_for(len(r.cached.kv_slots)))
@@ -293,6 +296,8 @@ class EagleWorker:
             kv._make_room(need)
             if kv.available_slots() >= need:
                 return reqs
+            if not retract:
+                return None
             self.scheduler.retract_newest()  # on_retract drops its draft state
             reqs = [r for r in reqs if r.status is Status.RUNNING]
         return reqs
@@ -309,11 +314,10 @@ class EagleWorker:
         ran this round for nothing, and their results here are dropped. Otherwise dispatch and apply."""
         if self.overlap and self.slot_top1 is None:
             prev = self.inflight
-            reqs = self._make_room(reqs, prev)
-            if not reqs:
-                return self.drain()
-            self.inflight = self._chain(reqs, prev)
-            return self._apply(prev, self.inflight.members) if prev is not None else []
+            room = self._make_room(reqs, prev, retract=False)
+            if room:  # else (a full pool): apply the round in flight and go on synchronously, retracting
+                self.inflight = self._chain(room, prev)
+                return self._apply(prev, self.inflight.members) if prev is not None else []
         finished = self.drain()
         reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.state])
         if not reqs:

@@ -152,3 +152,21 @@ def test_penalised_requests_survive_retraction(tree):
     assert engine.scheduler.num_retractions > 0
     engine.check_memory()
     engine.flush_cache()
+
+
+def test_a_request_filling_the_pool_alone_finishes_under_the_overlapped_schedule():
+    """An overlapped round needs two verify spans past the last applied position; a lone request that fits
+    the pool with one span only (admission's rule) makes the round fall back to the synchronous schedule
+    near the end instead of retracting itself forever."""
+    prompt = sp.shared_prefix_prompts(seed=41, n=1)[0]
+    total = 160
+    params = {**GREEDY, "max_new_tokens": total - len(prompt) - 5, "ignore_eos": True}
+    ref = sp.engine("llama", which=None, max_total_tokens=total).generate(input_ids=prompt,
+                                                                         sampling_params=params)
+    engine = sp.engine("llama", num_steps=3, max_total_tokens=total)
+    out = engine.generate(input_ids=prompt, sampling_params=params)
+    assert out["output_ids"] == ref["output_ids"]
+    assert out["meta_info"]["completion_tokens"] == params["max_new_tokens"]
+    assert engine.scheduler.num_retractions == 0
+    engine.check_memory()
+    engine.flush_cache()
