@@ -1,22 +1,27 @@
-"""Tree drafting (`speculative_eagle_topk` K > 1): a round is two jitted calls and two reads.
+"""Tree drafting (`speculative_eagle_topk` K > 1): a round is one jitted call and one read of its verdict.
 
-Drafting (one call, no host sync between steps): the frontier starts as the K best next tokens of the
-draft's last step (depth 1, score = log-probability). Each of the S - 1 draft steps feeds the K frontier
-tokens of every request at once (draft position n + s - 1 for depth s, scratch key indices
-`n + (s-1)K .. n + sK - 1`, borrowed and returned by restoring the allocator's previous immutable state); a
-node attends to the prefix, its ancestors' scratch keys and itself (a mask built on device from per-node
-ancestor bits). Each node proposes its K best children (score = parent score + log-probability); the K best
-of the K*K become the next frontier. Candidates: the K depth-1 nodes and the K*K children of every step.
-The host reads the candidates (tokens, scores, parents) and selects the tree.
+Drafting: the frontier starts as the K best next tokens of the draft's last step (depth 1, score =
+log-probability). Each of the S - 1 draft steps feeds the K frontier tokens of every request at once (draft
+position n + s - 1 for depth s, scratch key indices `n + (s-1)K .. n + sK - 1`, borrowed and returned by
+restoring the allocator's previous immutable state before the call is dispatched); a node attends to the
+prefix, its ancestors' scratch keys and itself (a mask built on device from per-node ancestor bits). Each
+node proposes its K best children (score = parent score + log-probability); the K best of the K*K become
+the next frontier. Candidates: the K depth-1 nodes and the K*K children of every step.
 
-Verify (one call): the `num_draft_tokens - 1` best-scored candidates (parents score higher than children,
-so the set is closed under parents; ties keep shallower nodes) plus the last known token `x` as the root,
-at key indices n .. n+N-1, rope positions n + depth, each seeing the prefix, its ancestors and itself
-(`AttentionMetadata.custom_mask`). In the same call: `rejection.verify_tree` walks the tree (greedy: the
+Selection, on device (`select_tree`): the `num_draft_tokens - 1` best-scored candidates (parents score
+higher than children, so the set is closed under parents; ties keep lower candidate indices) plus the last
+known token `x` as the root, at key indices n .. n+N-1 in candidate order, rope positions n + depth, each
+seeing the prefix, the root, its ancestors and itself (`tree_mask`, the metadata's custom mask).
+
+Verify, in the same call: the target over the N nodes; `rejection.verify_tree` walks the tree (greedy: the
 child whose token is the target's argmax; sampled requests: exact rejection sampling over the children,
-best-scored first; penalties count the drafted path), the accepted nodes' target KV is moved (`move_kv`,
+best-scored first; penalties count the drafted path); the accepted nodes' target KV is moved (`move_kv`,
 all layers, both pool groups) to the consecutive slots n+1 .. n+a so that the request's KV stays a plain
-sequence, and the draft extends over n .. n+a (a plain causal chain) to give the next round's state.
+sequence; the draft extends over n .. n+a (a plain causal chain) to give the next round's state.
+
+Slots: the scratch is returned before the verify span is allocated, so the verify span of one request may
+reuse another's scratch slots. Safe inside one program: the draft steps read and write the scratch (in the
+draft pool) before the verify and the extend write anything, and data dependence orders them.
 """
 
 from __future__ import annotations
@@ -33,59 +38,125 @@ from jaxserve.layers.attention_metadata import SequenceStep, build_attention_met
 from jaxserve.memory.kv_pool import move_kv
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
 from jaxserve.speculative.draft_state import best_next, greedy_ids, store
-from jaxserve.speculative.rejection import count_emitted, verify_tree
+from jaxserve.speculative.rejection import count_emitted, path_nodes, verify_tree
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
 
 
-@functools.lru_cache(maxsize=8)
-def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
-    scratch = (num_steps - 1) * topk
+def draft_candidates(draft, dpool, emb, top_ids, top_logp, hidden, metas, prefix_lens, *, num_steps: int):
+    """The S - 1 tree draft steps (module docstring). Returns the draft pool and the candidates
+    `(tokens, scores, parents)`, each `[R, C]` with C = K + (S-1)K^2 (parent: candidate index, -1 = root)."""
+    rows, k = top_ids.shape
+    scratch = (num_steps - 1) * k
+    tokens, scores = top_ids, top_logp
+    anc = jnp.zeros((rows, k, scratch), bool)
+    hid = jnp.broadcast_to(hidden[:, None, :], (rows, k, hidden.shape[-1]))
+    cand_tok, cand_score, cand_parent = [top_ids], [top_logp], [jnp.full((rows, k), -1, jnp.int32)]
+    frontier = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (rows, k))
+    offset = k
+    for s in range(1, num_steps):
+        meta = jax.tree.map(lambda x, s=s: x[s - 1], metas)
+        rel = jnp.arange(meta.max_kv_len)[None, None, :] - prefix_lens[:, None, None]
+        in_scratch = (rel >= 0) & (rel < scratch)
+        seen = jnp.take_along_axis(anc, jnp.broadcast_to(jnp.clip(rel, 0, scratch - 1),
+                                                         (rows, k, meta.max_kv_len)), axis=-1)
+        own = rel == ((s - 1) * k + jnp.arange(k))[None, :, None]
+        mask = (rel < 0) | (in_scratch & seen) | own
+        meta = dataclasses.replace(meta, custom_mask=mask.reshape(rows * k, -1))
+        logits, out, dpool = draft(tokens.reshape(-1), hid.reshape(rows * k, -1), meta, dpool, emb,
+                                   return_all_logits=True)
+        logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
+        child_tok = draft.to_target_ids(ids.astype(jnp.int32)).reshape(rows, k * k)
+        child_score = (scores[:, :, None] + logp.reshape(rows, k, k)).reshape(rows, k * k)
+        cand_tok.append(child_tok)
+        cand_score.append(child_score)
+        cand_parent.append(jnp.repeat(frontier, k, axis=1))
+        scores, pick = jax.lax.top_k(child_score, k)
+        parent = pick // k
+        tokens = jnp.take_along_axis(child_tok, pick, axis=1)
+        hid = jnp.take_along_axis(out.reshape(rows, k, -1), parent[..., None], axis=1)
+        own_bit = jax.nn.one_hot((s - 1) * k + parent, scratch, dtype=bool)
+        anc = jnp.take_along_axis(anc, parent[..., None], axis=1) | own_bit
+        frontier = (offset + pick).astype(jnp.int32)
+        offset += k * k
+    return dpool, (jnp.concatenate(cand_tok, 1), jnp.concatenate(cand_score, 1),
+                   jnp.concatenate(cand_parent, 1))
 
-    @functools.partial(jax.jit, donate_argnames=("dpool",))
-    def draft_tree(dparams, dpool, emb, states, state_rows, metas, prefix_lens):
-        draft = nnx.merge(dgraph, dparams)
-        top_ids, top_logp, hidden = (x[state_rows] for x in states)
-        rows, k = top_ids.shape
-        tokens, scores = top_ids, top_logp
-        anc = jnp.zeros((rows, k, scratch), bool)
-        hid = jnp.broadcast_to(hidden[:, None, :], (rows, k, hidden.shape[-1]))
-        cand_tok, cand_score, cand_parent = [top_ids], [top_logp], [jnp.full((rows, k), -1, jnp.int32)]
-        frontier = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (rows, k))
-        offset = k
-        for s in range(1, num_steps):
-            meta = jax.tree.map(lambda x, s=s: x[s - 1], metas)
-            rel = jnp.arange(meta.max_kv_len)[None, None, :] - prefix_lens[:, None, None]
-            in_scratch = (rel >= 0) & (rel < scratch)
-            seen = jnp.take_along_axis(anc, jnp.broadcast_to(jnp.clip(rel, 0, scratch - 1),
-                                                             (rows, k, meta.max_kv_len)), axis=-1)
-            own = rel == ((s - 1) * k + jnp.arange(k))[None, :, None]
-            mask = (rel < 0) | (in_scratch & seen) | own
-            meta = dataclasses.replace(meta, custom_mask=mask.reshape(rows * k, -1))
-            logits, out, dpool = draft(tokens.reshape(-1), hid.reshape(rows * k, -1), meta, dpool, emb,
-                                       return_all_logits=True)
-            logp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
-            child_tok = draft.to_target_ids(ids.astype(jnp.int32)).reshape(rows, k * k)
-            child_score = (scores[:, :, None] + logp.reshape(rows, k, k)).reshape(rows, k * k)
-            cand_tok.append(child_tok)
-            cand_score.append(child_score)
-            cand_parent.append(jnp.repeat(frontier, k, axis=1))
-            scores, pick = jax.lax.top_k(child_score, k)
-            parent = pick // k
-            tokens = jnp.take_along_axis(child_tok, pick, axis=1)
-            hid = jnp.take_along_axis(out.reshape(rows, k, -1), parent[..., None], axis=1)
-            own_bit = jax.nn.one_hot((s - 1) * k + parent, scratch, dtype=bool)
-            anc = jnp.take_along_axis(anc, parent[..., None], axis=1) | own_bit
-            frontier = (offset + pick).astype(jnp.int32)
-            offset += k * k
-        return dpool, (jnp.concatenate(cand_tok, 1), jnp.concatenate(cand_score, 1),
-                       jnp.concatenate(cand_parent, 1))
+
+def candidate_depths(num_steps: int, topk: int) -> np.ndarray:
+    """Depth of each candidate: K at depth 1, then K*K per draft step."""
+    return np.concatenate([np.full(topk if s == 0 else topk * topk, s + 1, np.int32)
+                           for s in range(num_steps)])
+
+
+def select_tree(cand_tok, cand_score, cand_parent, last, *, num_nodes: int, num_steps: int, topk: int):
+    """Candidates `[R, C]` -> the verified trees: tokens `i32[R, N]` (node 0 = the root, token `last`),
+    parents `i32[R, N]` (-1 root, -2 padding), depths `i32[R, N]`, children `i32[R, N, K]` (index order,
+    which among siblings is best score first; -1 none). The N - 1 best-scored candidates (ties: lower index
+    first), in candidate order, so a parent precedes its children (parents score higher: the set is closed
+    under parents); a node whose parent was not selected (only on exact ties) is padding, as are its
+    descendants."""
+    rows, num_cands = cand_tok.shape
+    _, sel = jax.lax.top_k(cand_score, num_nodes - 1)
+    sel = jnp.sort(sel, axis=1)
+    r = jnp.arange(rows)[:, None]
+    inv = jnp.full((rows, num_cands), -1, jnp.int32).at[r, sel].set(
+        jnp.arange(1, num_nodes, dtype=jnp.int32)[None, :])
+    pc = jnp.take_along_axis(cand_parent, sel, axis=1)
+    pv = jnp.where(pc < 0, 0, jnp.take_along_axis(inv, jnp.maximum(pc, 0), axis=1))
+    parents = jnp.concatenate([jnp.full((rows, 1), -1, jnp.int32), pv], axis=1)
+    is_root = jnp.arange(num_nodes)[None, :] == 0
+    ok = (parents >= 0) | is_root
+    for _ in range(num_steps):
+        ok = ok & (jnp.take_along_axis(ok, jnp.maximum(parents, 0), axis=1) | is_root)
+    parents = jnp.where(ok, parents, -2)
+    tokens = jnp.concatenate([last[:, None], jnp.take_along_axis(cand_tok, sel, axis=1)], axis=1)
+    tokens = jnp.where(ok, tokens, 0)
+    depth_of = jnp.asarray(candidate_depths(num_steps, topk))
+    depths = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), depth_of[sel]], axis=1)
+    depths = jnp.where(ok, depths, 1)
+    node = jnp.arange(num_nodes)
+    earlier = (parents[:, :, None] == parents[:, None, :]) & (node[None, None, :] < node[None, :, None])
+    rank = earlier.sum(-1).astype(jnp.int32)
+    slot = jnp.where(parents >= 0, parents, num_nodes)  # out of range: dropped
+    children = jnp.full((rows, num_nodes, topk), -1, jnp.int32).at[r, slot, rank].set(
+        jnp.broadcast_to(node.astype(jnp.int32), (rows, num_nodes)), mode="drop")
+    return tokens, parents, depths, children
+
+
+def tree_mask(parents, prefix_lens, max_kv_len: int, num_steps: int):
+    """`bool[R*N, max_kv_len]`: node v sees the prefix (key indices < n), the root, its path and itself."""
+    rows, num_nodes = parents.shape
+    node = jnp.arange(num_nodes)
+    own = node[None, :, None] == node[None, None, :]
+    vis = path_nodes(parents, num_steps) | (node[None, None, :] == 0) | own
+    rel = jnp.arange(max_kv_len)[None, None, :] - prefix_lens[:, None, None]
+    look = jnp.take_along_axis(vis, jnp.broadcast_to(jnp.clip(rel, 0, num_nodes - 1),
+                                                     (rows, num_nodes, max_kv_len)), axis=2)
+    return ((rel < 0) | ((rel < num_nodes) & look)).reshape(rows * num_nodes, max_kv_len)
+
+
+@functools.lru_cache(maxsize=8)
+def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int):
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
-    def verify_round(tparams, dparams, pools, dpool, penalties, states, emb, tokens, children, parents, meta,
-                     ext_meta, sampling, dest):
-        """Verify the trees, walk them, count the emitted tokens, move the accepted nodes' target KV to
-        consecutive slots, draft-extend over them and store the next draft state: one call."""
+    def tree_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
+                   draft_metas, prefix_lens, meta, ext_meta, sampling):
+        """Draft the trees, select them, verify, walk, count the emitted tokens, move the accepted nodes'
+        target KV to consecutive slots, draft-extend over them and store the next draft state: one call."""
+        draft = nnx.merge(dgraph, dparams)
+        top_ids, top_logp, hidden = (x[state_rows] for x in states)
+        if num_steps > 1:
+            dpool, cands = draft_candidates(draft, dpool, emb, top_ids, top_logp, hidden, draft_metas,
+                                            prefix_lens, num_steps=num_steps)
+        else:
+            cands = (top_ids, top_logp, jnp.full(top_ids.shape, -1, jnp.int32))
+        tokens, parents, depths, children = select_tree(*cands, last, num_nodes=num_nodes,
+                                                        num_steps=num_steps, topk=topk)
+        meta = dataclasses.replace(
+            meta, positions=(prefix_lens[:, None] + depths).reshape(-1),
+            custom_mask=tree_mask(parents, prefix_lens, meta.max_kv_len, num_steps))
+        sampling = dataclasses.replace(sampling, num_generated=sampling.num_generated + depths.reshape(-1))
         logits, pools, aux = nnx.merge(tgraph, tparams)(tokens.reshape(-1), meta, pools,
                                                         return_all_logits=True)
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
@@ -109,7 +180,6 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
                                   swa=moved(pools.swa, meta.swa_write_slots))
         # draft extend over positions n .. n+N-1 (a plain chain, `ext_meta`): position n + j takes the j-th
         # emitted token and the captured state of the node that produced it; exact up to n + a (a < N)
-        draft = nnx.merge(dgraph, dparams)
         ids, rows_in = _fit(verdict.emitted, nodes), _fit(src_row, nodes)
         dlogits, hidden, dpool = draft(ids.reshape(-1), aux[rows_in.reshape(-1)], ext_meta, dpool, emb,
                                        return_all_logits=True)
@@ -117,7 +187,7 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int):
         states = store(states, dest, (*best_next(draft, dlogits[last], topk), hidden[last]))
         return pools, dpool, penalties, states, verdict, greedy_ids(draft, dlogits)
 
-    return draft_tree, verify_round
+    return tree_round
 
 
 def _fit(x: jax.Array, width: int) -> jax.Array:
@@ -127,117 +197,67 @@ def _fit(x: jax.Array, width: int) -> jax.Array:
     return jnp.concatenate([x, jnp.broadcast_to(x[:, -1:], (x.shape[0], width - x.shape[1]))], axis=1)
 
 
-def select_tree(tok, score, parent, num_nodes: int):
-    """One request's candidates -> (tokens, parent verify index, depth) of the `num_nodes` verified nodes
-    (index 0 is the root; a node's parent comes before it). Nodes whose parent was not selected are dropped
-    (only possible on exact score ties)."""
-    order = sorted(np.argsort(-score, kind="stable")[:num_nodes].tolist())
-    index = {-1: 0}
-    tokens, parents, depths = [-1], [-1], [0]
-    for c in order:
-        p = int(parent[c])
-        if p not in index:
-            continue
-        index[c] = len(tokens)
-        tokens.append(int(tok[c]))
-        parents.append(index[p])
-        depths.append(depths[index[p]] + 1)
-    return tokens, parents, depths
-
-
 class TreeDrafter:
-    """The tree path of an `EagleWorker`."""
+    """The tree path of an `EagleWorker`: one jitted call and one read of the verdict per round."""
 
     def __init__(self, worker, tgraph, dgraph) -> None:
         self.w = worker
         self.k = worker.topk
-        self._draft_tree, self._verify_round = _make_tree_fns(tgraph, dgraph, worker.num_steps, worker.topk)
+        self._tree_round = _make_tree_fns(tgraph, dgraph, worker.num_steps, worker.topk, worker.num_verify)
         self.draft_tokens = tuple(b * self.k for b in worker.seq_buckets)
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        return {"draft_tree": self._draft_tree._cache_size(), "verify_tree": self._verify_round._cache_size()}
-
-    def _draft(self, reqs, starts):
-        w, kv, k, steps = self.w, self.w.kv, self.k, self.w.num_steps
-        state_rows = w.state_rows(reqs)
-        rows = state_rows.shape[0]
-        if steps == 1:
-            top_ids, top_logp = jax.device_get((w.states[0][state_rows], w.states[1][state_rows]))
-            return top_ids, top_logp, np.full((rows, k), -1, np.int32)
-        scratch = (steps - 1) * k
-        backup = kv.allocator.state
-        if not kv.extend_many([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
-            raise RuntimeError("tree draft scratch allocation failed after room was made (a bug)")
-        pages = [kv.page_ids(r.cached, n + scratch)[0] for r, n in zip(reqs, starts, strict=True)]
-        width = pick_bucket(max(p.shape[0] for p in pages), w.page_buckets, "pages_per_sequence")
-        metas = [build_attention_metadata(
-            [SequenceStep(k, n + s * k, p, positions=[n + s - 1] * k)
-             for n, p in zip(starts, pages, strict=True)],
-            page_size=kv.page_size, token_buckets=self.draft_tokens, seq_buckets=w.seq_buckets,
-            page_buckets=(width,)) for s in range(1, steps)]
-        stacked = jax.tree.map(lambda *xs: np.stack(xs), *metas)
-        prefix = np.zeros(rows, np.int32)
-        prefix[: len(starts)] = starts
-        w.dpool, cands = self._draft_tree(w.dparams, w.dpool, w.emb, w.states, state_rows, stacked, prefix)
-        cands = jax.device_get(cands)
-        for req, n in zip(reqs, starts, strict=True):
-            req.cached.kv_slots = req.cached.kv_slots[:n]
-        kv.allocator.state = backup  # the scratch slots go back: nothing was freed since the backup
-        return cands
+        return {"tree_round": self._tree_round._cache_size()}
 
     def round(self, reqs, starts):
-        """Draft the trees (one call, candidates read back), select and verify them with everything after
-        (one call, verdict read back). Per request (accepted drafts, new tokens, their logprobs, verify rows
-        of the path), as `EagleWorker.results`."""
-        w, kv, nv, k = self.w, self.w.kv, self.w.num_verify, self.k
-        tok, score, parent = self._draft(reqs, starts)
+        """Allocate (the draft scratch borrowed and returned by restoring the allocator state, then the
+        verify span), build the metadata, run the round. Per request (accepted drafts, new tokens, their
+        logprobs, verify rows of the path), as `EagleWorker.results`."""
+        w, kv, k, steps, nv = self.w, self.w.kv, self.k, self.w.num_steps, self.w.num_verify
+        state_rows = w.state_rows(reqs)
+        num_rows = state_rows.shape[0]
+        draft_metas = None
+        if steps > 1:
+            scratch = (steps - 1) * k
+            backup = kv.allocator.state
+            if not kv.extend_many([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
+                raise RuntimeError("tree draft scratch allocation failed after room was made (a bug)")
+            pages, _ = kv.page_ids_many([r.cached for r in reqs], [n + scratch for n in starts])
+            pages = [p.copy() for p in pages]
+            width = pick_bucket(max(p.shape[0] for p in pages), w.page_buckets, "pages_per_sequence")
+            metas = [build_attention_metadata(
+                [SequenceStep(k, n + s * k, p, positions=[n + s - 1] * k)
+                 for n, p in zip(starts, pages, strict=True)],
+                page_size=kv.page_size, token_buckets=self.draft_tokens, seq_buckets=w.seq_buckets,
+                page_buckets=(width,)) for s in range(1, steps)]
+            draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
+            for req, n in zip(reqs, starts, strict=True):
+                req.cached.kv_slots = req.cached.kv_slots[:n]
+            # the scratch slots go back (nothing was freed since the backup); the verify span may take some
+            # of them in this same round: the draft steps read and write them before anything else does
+            kv.allocator.state = backup
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
-        num_rows = tok.shape[0]
-        tokens = np.zeros((num_rows, nv), np.int32)
-        parents = np.full((num_rows, nv), -2, np.int32)
-        children = np.full((num_rows, nv, k), -1, np.int32)
-        full_pages, swa_pages = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])
-        depths, steps, chain, masks = [], [], [], []
-        for i, (req, n) in enumerate(zip(reqs, starts, strict=True)):
-            toks, pars, deps = select_tree(tok[i], score[i], parent[i], nv - 1)
-            pad = nv - len(toks)  # dropped nodes: padding leaves that no walk reaches
-            toks, pars, deps = toks + [0] * pad, pars + [-2] * pad, deps + [1] * pad
-            toks[0] = req.output_ids[-1]
-            tokens[i], parents[i] = toks, pars
-            filled = np.zeros(nv, np.int32)
-            for v in range(1, nv):  # children in index order = best-scored first among siblings
-                if pars[v] >= 0:
-                    children[i, pars[v], filled[pars[v]]] = v
-                    filled[pars[v]] += 1
-            depths.append(deps)
-            swa = None if swa_pages is None else swa_pages[i]
-            steps.append(SequenceStep(nv, n + nv, full_pages[i], swa, positions=[n + d for d in deps]))
-            chain.append(SequenceStep(nv, n + nv, full_pages[i]))
-            mask = np.zeros((nv, n + nv), bool)
-            mask[:, :n] = True
-            for v in range(nv):
-                u = v
-                while u >= 0:
-                    mask[v, n + u] = True
-                    u = pars[u] if pars[u] >= 0 else -1
-            masks.append(mask)
-        width = max(m.shape[1] for m in masks)
-        custom = np.zeros((len(reqs) * nv, width), bool)
-        for i, m in enumerate(masks):
-            custom[i * nv:(i + 1) * nv, : m.shape[1]] = m
+        full, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])
+        swa = swa if swa is not None else [None] * len(reqs)
+        steps_v = [SequenceStep(nv, n + nv, f, s_) for n, f, s_ in zip(starts, full, swa, strict=True)]
         buckets = dict(token_buckets=w.verify_tokens, seq_buckets=w.seq_buckets, page_buckets=w.page_buckets)
-        meta = build_attention_metadata(steps, page_size=kv.page_size, with_swa=kv.hybrid, custom_mask=custom,
-                                        **buckets)
-        ext_meta = build_attention_metadata(chain, page_size=kv.page_size, **buckets)
-        rows = w.sampling_rows(reqs, depths)
+        meta = build_attention_metadata(steps_v, page_size=kv.page_size, with_swa=kv.hybrid, **buckets)
+        ext_meta = build_attention_metadata([SequenceStep(nv, n + nv, f) for n, f in zip(starts, full,
+                                                                                          strict=True)],
+                                            page_size=kv.page_size, **buckets)
+        rows = w.sampling_rows(reqs, [[0] * nv] * len(reqs))  # + depth, on device
         rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * (meta.num_tokens - len(rows))
         dest = np.full(num_rows, w.states[0].shape[0], np.int32)  # padding rows: dropped
-        dest[: len(reqs)] = [w.state[r] for r in reqs]
-        w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._verify_round(
-            w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, tokens, children,
-            parents, meta, ext_meta, build_sampling_batch(rows, meta.num_tokens), dest)
+        dest[: len(reqs)] = state_rows[: len(reqs)]
+        last = np.zeros(num_rows, np.int32)
+        last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
+        prefix = np.zeros(num_rows, np.int32)
+        prefix[: len(starts)] = starts
+        w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._tree_round(
+            w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, state_rows, dest,
+            last, draft_metas, prefix, meta, ext_meta, build_sampling_batch(rows, meta.num_tokens))
         results = w.results(verdict, len(reqs))
         w.record_extend(ext_meta, top1, results)
         w.stats["tree_kv_moved"] += sum(int(r - i * nv != j) for i, (*_, vrows) in enumerate(results)
