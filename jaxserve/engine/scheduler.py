@@ -73,13 +73,19 @@ class Scheduler:
         retracted = False
         if batch is None:
             batch, budget, retracted = self._schedule_running_slow()
-        while not retracted and self.waiting and budget > 0 and len(self.running) < self.max_running:
+        if not retracted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _admit_waiting(self, batch: list[ScheduledSeq], budget: int) -> None:
+        """Admit queued requests in order (FCFS) into `batch` while the token budget, the running limit and
+        the pool allow."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self._admit(self.waiting[0], budget)
             if seq is None:
                 break
             batch.append(seq)
             budget -= seq.num_tokens
-        return batch
 
     def _schedule_running_slow(self) -> tuple[list[ScheduledSeq], int, bool]:
         """Running requests one by one, retracting the newest while the pool is short. Returns the batch,

@@ -60,8 +60,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--speculative-algorithm", str, "EAGLE3: speculative decoding with an EAGLE-3 draft head"),
     ("--speculative-draft-model-path", str, "EAGLE-3 draft checkpoint directory"),
     ("--speculative-num-steps", int, "draft steps per round"),
-    ("--speculative-eagle-topk", int, "draft branching factor (the engine implements 1: a chain)"),
-    ("--speculative-num-draft-tokens", int, "tokens verified per round (chain: num-steps + 1)"),
+    ("--speculative-eagle-topk", int, "draft branching factor (1: a chain; > 1: tree drafting)"),
+    ("--speculative-num-draft-tokens", int, "tokens verified per round (chain: num-steps + 1; tree: set it)"),
 )
 _ENGINE_SWITCHES = (
     ("--disable-radix-cache", "no prefix reuse across requests"),

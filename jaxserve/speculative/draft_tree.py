@@ -224,7 +224,6 @@ class TreeDrafter:
             if not kv.extend_many([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
                 raise RuntimeError("tree draft scratch allocation failed after room was made (a bug)")
             pages, _ = kv.page_ids_many([r.cached for r in reqs], [n + scratch for n in starts])
-            pages = [p.copy() for p in pages]
             width = pick_bucket(max(p.shape[0] for p in pages), w.page_buckets, "pages_per_sequence")
             metas = [build_attention_metadata(
                 [SequenceStep(k, n + s * k, p, positions=[n + s - 1] * k)

@@ -44,12 +44,7 @@ class SpecScheduler(Scheduler):
             else:
                 batch.append(self._commit(req, num_tokens))
                 budget -= num_tokens
-        while self.waiting and budget > 0 and len(self.running) < self.max_running:
-            seq = self._admit(self.waiting[0], budget)
-            if seq is None:
-                break
-            batch.append(seq)
-            budget -= seq.num_tokens
+        self._admit_waiting(batch, budget)
         return batch
 
     def decoding(self) -> list[Request]:
