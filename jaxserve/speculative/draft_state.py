@@ -38,3 +38,18 @@ def store(states: DraftStates, dest: jax.Array, new: DraftStates) -> DraftStates
     the padding rows' destination)."""
     return tuple(buf.at[dest].set(x.astype(buf.dtype), mode="drop")
                  for buf, x in zip(states, new, strict=True))
+
+
+def extend_and_store(draft: Eagle3Draft, ids: jax.Array, hidden_in: jax.Array, meta, dpool, emb: jax.Array,
+                     states: DraftStates, dest: jax.Array, last_idx: jax.Array, *, topk: int, record: bool):
+    """Run the draft over a span (writing its KV), store the state at rows `last_idx` of the span into
+    buffer rows `dest`. Returns (dpool, states, top1): `top1 i32[T]`, the draft's argmax at every position,
+    only when `record` (diagnostics: the lm_head then runs over all T positions, not just `last_idx`)."""
+    if record:
+        logits, hidden, dpool = draft(ids, hidden_in, meta, dpool, emb, return_all_logits=True)
+        last_logits, top1 = logits[last_idx], greedy_ids(draft, logits)
+    else:
+        _, hidden, dpool = draft(ids, hidden_in, meta, dpool, emb)
+        last_logits, top1 = draft.logits(hidden[last_idx]), None
+    states = store(states, dest, (*best_next(draft, last_logits, topk), hidden[last_idx]))
+    return dpool, states, top1

@@ -37,7 +37,7 @@ from flax import nnx
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.memory.kv_pool import move_kv
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
-from jaxserve.speculative.draft_state import best_next, greedy_ids, store
+from jaxserve.speculative.draft_state import extend_and_store
 from jaxserve.speculative.rejection import count_emitted, path_nodes, verify_tree
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
@@ -136,8 +136,8 @@ def tree_mask(parents, prefix_lens, max_kv_len: int, num_steps: int):
     return ((rel < 0) | ((rel < num_nodes) & look)).reshape(rows * num_nodes, max_kv_len)
 
 
-@functools.lru_cache(maxsize=8)
-def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int):
+@functools.lru_cache(maxsize=16)
+def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, record: bool):
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
     def tree_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
@@ -181,11 +181,10 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int):
         # draft extend over positions n .. n+N-1 (a plain chain, `ext_meta`): position n + j takes the j-th
         # emitted token and the captured state of the node that produced it; exact up to n + a (a < N)
         ids, rows_in = _fit(verdict.emitted, nodes), _fit(src_row, nodes)
-        dlogits, hidden, dpool = draft(ids.reshape(-1), aux[rows_in.reshape(-1)], ext_meta, dpool, emb,
-                                       return_all_logits=True)
-        last = jnp.arange(rows) * nodes + verdict.num_accepted
-        states = store(states, dest, (*best_next(draft, dlogits[last], topk), hidden[last]))
-        return pools, dpool, penalties, states, verdict, greedy_ids(draft, dlogits)
+        dpool, states, top1 = extend_and_store(
+            draft, ids.reshape(-1), aux[rows_in.reshape(-1)], ext_meta, dpool, emb, states, dest,
+            jnp.arange(rows) * nodes + verdict.num_accepted, topk=topk, record=record)
+        return pools, dpool, penalties, states, verdict, top1
 
     return tree_round
 
@@ -203,12 +202,13 @@ class TreeDrafter:
     def __init__(self, worker, tgraph, dgraph) -> None:
         self.w = worker
         self.k = worker.topk
-        self._tree_round = _make_tree_fns(tgraph, dgraph, worker.num_steps, worker.topk, worker.num_verify)
+        self._fns = functools.partial(_make_tree_fns, tgraph, dgraph, worker.num_steps, worker.topk,
+                                      worker.num_verify)
         self.draft_tokens = tuple(b * self.k for b in worker.seq_buckets)
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        return {"tree_round": self._tree_round._cache_size()}
+        return {"tree_round": sum(self._fns(r)._cache_size() for r in (False, True))}
 
     def round(self, reqs, starts):
         """Allocate (the draft scratch borrowed and returned by restoring the allocator state, then the
@@ -254,7 +254,7 @@ class TreeDrafter:
         last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
         prefix = np.zeros(num_rows, np.int32)
         prefix[: len(starts)] = starts
-        w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._tree_round(
+        w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._fns(w.recording)(
             w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, state_rows, dest,
             last, draft_metas, prefix, meta, ext_meta, build_sampling_batch(rows, meta.num_tokens))
         results = w.results(verdict, len(reqs))

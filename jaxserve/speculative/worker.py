@@ -61,7 +61,7 @@ from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
-from jaxserve.speculative.draft_state import best_next, greedy_ids, new_states, store
+from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.schedule import SpecScheduler
@@ -70,10 +70,11 @@ from jaxserve.speculative.shift import shift_meta
 _PAD_PARAMS = SamplingParams(temperature=0.0)
 
 
-@functools.lru_cache(maxsize=8)
-def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
+@functools.lru_cache(maxsize=16)
+def _make_fns(tgraph, dgraph, num_steps: int, topk: int, record: bool):
     """The jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and draft
-    extend hand back the draft's `topk` best next tokens with their log-probabilities)."""
+    extend store the draft's `topk` best next tokens with their log-probabilities); `record`: also return
+    the draft's top-1 at every extended position (diagnostics)."""
 
     def target_of(params):
         return nnx.merge(tgraph, params)
@@ -81,10 +82,7 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
     def draft_of(params):
         return nnx.merge(dgraph, params)
 
-    greedy = greedy_ids
-
-    def best(draft: Eagle3Draft, logits):
-        return best_next(draft, logits, topk)
+    extend = functools.partial(extend_and_store, topk=topk, record=record)
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
     def prefill(tparams, dparams, pools, dpool, penalties, states, emb, input_ids, next_ids, from_sample,
@@ -93,10 +91,8 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         out = sample(logits, sampling, penalties)
         penalties = update_counts(penalties, sampling.penalty_rows, out.token_ids)
         ids = jnp.where(from_sample >= 0, out.token_ids[jnp.maximum(from_sample, 0)], next_ids)
-        draft = draft_of(dparams)
-        dlogits, hidden, dpool = draft(ids, aux, meta, dpool, emb, return_all_logits=True)
-        top1 = greedy(draft, dlogits)
-        states = store(states, dest, (*best(draft, dlogits[meta.sample_idx]), hidden[meta.sample_idx]))
+        dpool, states, top1 = extend(draft_of(dparams), ids, aux, meta, dpool, emb, states, dest,
+                                     meta.sample_idx)
         return pools, dpool, penalties, states, out, top1
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
@@ -123,7 +119,7 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
             dmeta = jax.tree.map(lambda x, k=k: x[k], draft_metas)
             logits, out, dpool = draft(ids, hidden, dmeta, dpool, emb)
             hidden = out[dmeta.sample_idx]
-            ids = greedy(draft, logits)
+            ids = greedy_ids(draft, logits)
             drafts.append(ids)
         rows = first.shape[0]
         tokens = jnp.concatenate([last[:, None], jnp.stack(drafts, axis=1)], axis=1)
@@ -136,13 +132,12 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int = 1):
         # draft extend over positions n .. n+S with the emitted tokens as next tokens (chain: node j is at
         # position n + j, its captured state is aux's row): exact up to n + a, which is all the tree caches
         # and all the next round reads; the KV past it is overwritten before anything attends to it
-        logits, hidden, dpool = draft(verdict.emitted.reshape(-1), aux, meta, dpool, emb,
-                                      return_all_logits=True)
         last_idx = jnp.arange(rows) * nodes + verdict.num_accepted
-        states = store(states, dest, (*best(draft, logits[last_idx]), hidden[last_idx]))
+        dpool, states, top1 = extend(draft, verdict.emitted.reshape(-1), aux, meta, dpool, emb, states, dest,
+                                     last_idx)
         last_tok = jnp.take_along_axis(verdict.emitted, verdict.num_accepted[:, None], axis=1)[:, 0]
         shifts = store(shifts, dest, (verdict.num_accepted, last_tok))
-        return pools, dpool, penalties, states, shifts, verdict, greedy(draft, logits)
+        return pools, dpool, penalties, states, shifts, verdict, top1
 
     return prefill, chain_round
 
@@ -180,7 +175,7 @@ class EagleWorker:
         self.num_reserve = max(self.num_verify, (num_steps - 1) * topk)
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
-        self._prefill, self._chain_round = _make_fns(tgraph, dgraph, num_steps, topk)
+        self._fns = functools.partial(_make_fns, tgraph, dgraph, num_steps, topk)
         self.seq_buckets = tuple(buckets.seqs)
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         # an overlapped round reaches up to 2 verify spans past the last applied position
@@ -261,7 +256,7 @@ class EagleWorker:
                 if seq.req.spec_accept_lengths is None:
                     seq.req.spec_accept_lengths = []
         runner = self.runner
-        self.kv.pools, self.dpool, runner.penalties, self.states, out, top1 = self._prefill(
+        self.kv.pools, self.dpool, runner.penalties, self.states, out, top1 = self._fns(self.recording)[0](
             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
             inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling, dest)
         token_ids, logprobs = jax.device_get((out.token_ids, out.logprobs))
@@ -386,7 +381,7 @@ class EagleWorker:
             shifted[: len(reqs)] = [r in prev.members for r in reqs]
         runner = self.runner
         (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
-         top1) = self._chain_round(
+         top1) = self._fns(self.recording)[1](
             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts,
             self.emb, state_rows, dest, shifted, last, draft_metas, meta,
             build_sampling_batch(rows, meta.num_tokens))
@@ -432,6 +427,11 @@ class EagleWorker:
             req.num_computed = end
         return finished
 
+    @property
+    def recording(self) -> bool:
+        """Whether `record_draft_top1` is on (the jitted pieces then also return per-position top-1s)."""
+        return self.slot_top1 is not None
+
     def record_draft_top1(self) -> None:
         """Start keeping `slot_top1` (costs a device-to-host copy of T ids per prefill / draft extend)."""
         self.slot_top1 = np.full(self.dpool.data.shape[1], -1, np.int64)
@@ -457,7 +457,9 @@ class EagleWorker:
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        counts = {"prefill": self._prefill._cache_size(), "chain_round": self._chain_round._cache_size()}
+        variants = [self._fns(r) for r in (False, True)]
+        counts = {"prefill": sum(f[0]._cache_size() for f in variants),
+                  "chain_round": sum(f[1]._cache_size() for f in variants)}
         if self.tree is not None:
             counts.update(self.tree.num_compiles)
         return counts
