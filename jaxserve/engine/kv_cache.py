@@ -111,18 +111,16 @@ class KVCache:
 
     def extend_many(self, spans: list[tuple[CachedReq, int, int]]) -> bool:
         """`extend` for several requests with one allocator call, all or nothing (False: nothing taken)."""
-        p = self.page_size
         paged, inside, new_pages = [], [], 0
         for span in spans:
-            _, a, b = span
-            n = -(-b // p) - (-(-a // p))
+            n = self.pages_for(span[2]) - self.pages_for(span[1])
             if n > 0:
                 paged.append(span)
                 new_pages += n
             else:
                 inside.append(span)
         if paged:
-            self._make_room(new_pages * p)
+            self._make_room(new_pages * self.page_size)
             last = [int(r.kv_slots[a - 1]) if a else 0 for r, a, _ in paged]
             slots = self.allocator.alloc_extend(np.array([a for _, a, _ in paged]),
                                                 np.array([b for _, _, b in paged]), np.array(last))
