@@ -32,6 +32,10 @@ class ServerArgs:
     the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the
     chain length). speculative_eagle_topk: branches per draft step (1 = chain). speculative_num_draft_tokens:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).
+    debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
+    bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
+    with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
+    keys buy; never for serving.
     """
 
     model_path: str | None = None
@@ -53,6 +57,7 @@ class ServerArgs:
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
+    debug_token_keys: bool = False
 
     def __post_init__(self) -> None:
         positive = ("page_size", "max_total_tokens", "chunked_prefill_size", "max_running_requests")

@@ -74,7 +74,7 @@ class Engine:
         swa_pages = max(1, int(args.num_pages * args.swa_full_tokens_ratio))
         self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
                           kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
-                          swa_num_pages=swa_pages, eagle=speculative)
+                          swa_num_pages=swa_pages, eagle=speculative and not args.debug_token_keys)
         extra = 0  # a speculative round runs past the last position (verify span or tree draft scratch)
         if speculative:
             extra = max(args.num_draft_tokens, (args.speculative_num_steps - 1) * args.speculative_eagle_topk)

@@ -4,9 +4,13 @@
 `jaxserve.engine.Engine` (fields of `ServerArgs`). Precedence: explicit flags > `--config` file > the
 engine's defaults. A flag left unset is not passed on, so `ServerArgs` keeps its own default.
 
-Flags that the engine cannot honour yet (speculative decoding, tensor parallelism, `--mem-fraction-static`,
-attention backends other than `native`) fail with `UnsupportedFlagError` naming the flag, unless the
-engine's `ServerArgs` has grown the matching field, in which case the value is passed through unchanged.
+Flags that the engine cannot honour yet (tensor parallelism, `--mem-fraction-static`) fail with
+`UnsupportedFlagError` naming the flag, unless the engine's `ServerArgs` has grown the matching field, in
+which case the value is passed through unchanged.
+
+`--attention-backend` takes our backend names and SGLang's (`triton`, `fa3`, `flashinfer`, `torch_native`,
+...): `jaxserve.server.attention_choice` maps each onto the best backend of ours on this platform, and the
+launcher prints one line naming the choice (a warning when the asked-for kernel cannot run here).
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxserve.engine.config import ServerArgs
+from jaxserve.server.attention_choice import BackendChoice, registered_backends, resolve_attention_backend
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
-ATTENTION_BACKENDS = ("native",)  # what the model layers implement today (jaxserve/layers/backends)
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
 
 
@@ -42,6 +46,7 @@ class LaunchArgs:
     served_model_name: str | None
     engine_kwargs: dict[str, Any]
     log_level: str = "warning"
+    attention_choice: BackendChoice | None = None  # how --attention-backend was resolved, when given
 
 
 # (flag, type, help). Engine flags map to the ServerArgs field of the same name (dashes -> underscores).
@@ -54,7 +59,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--context-length", int, "longest prompt + output (default: the model's)"),
     ("--swa-full-tokens-ratio", float, "SWA pool size relative to the full pool (hybrid SWA models)"),
     ("--random-seed", int, "base seed of requests without their own"),
-    ("--attention-backend", str, f"attention kernels; implemented: {', '.join(ATTENTION_BACKENDS)}"),
+    ("--attention-backend", str, "attention kernels: ours (native, xla, ...) or SGLang's names (triton, "
+                                 "fa3, flashinfer, torch_native, ...), mapped to the best of ours here"),
     ("--mem-fraction-static", float, "not supported yet: size the KV pool with --max-total-tokens"),
     ("--tp-size", int, "tensor-parallel degree (only 1 is supported yet)"),
     ("--speculative-algorithm", str, "EAGLE3: speculative decoding with an EAGLE-3 draft head"),
@@ -69,7 +75,7 @@ _ENGINE_SWITCHES = (
     ("--warmup", "jaxserve: compile every step shape before serving (slower start, no compile pauses)"),
 )
 # Accepted only with these values until the engine has a ServerArgs field for them.
-_NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {"tp_size": (1,), "attention_backend": ATTENTION_BACKENDS}
+_NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {"tp_size": (1,)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         group.add_argument(flag, type=kind, default=None, help=text)
     for flag, text in _ENGINE_SWITCHES:
         group.add_argument(flag, action="store_true", default=None, help=text)
+    # debugging only, hidden from --help: EAGLE prefix tree keyed by tokens (the pre-fix behaviour)
+    group.add_argument("--debug-token-keys", action="store_true", default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -124,6 +132,13 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
         except (OSError, ValueError) as exc:
             parser.error(str(exc))
     ns = parser.parse_args(argv)
+    choice = None
+    if ns.attention_backend is not None:
+        try:
+            choice = resolve_attention_backend(ns.attention_backend)
+        except ValueError as exc:
+            parser.error(str(exc))
+        ns.attention_backend = choice.backend
     try:
         engine_kwargs = engine_kwargs_from(vars(ns))
         ServerArgs.from_kwargs(engine_kwargs)  # the engine's own range checks, reported as usage errors
@@ -134,7 +149,7 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
     return LaunchArgs(model_path=ns.model_path, tokenizer_path=ns.tokenizer_path,
                       host=ns.host or DEFAULT_HOST, port=DEFAULT_PORT if ns.port is None else ns.port,
                       api_key=ns.api_key, served_model_name=ns.served_model_name, engine_kwargs=engine_kwargs,
-                      log_level=ns.log_level)
+                      log_level=ns.log_level, attention_choice=choice)
 
 
 def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +157,7 @@ def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:
     `ServerArgs` lacks raises UnsupportedFlagError, unless it is the neutral value (e.g. --tp-size 1)."""
     fields = {f.name for f in dataclasses.fields(ServerArgs)}
     names = [flag[2:].replace("-", "_") for flag, *_ in (*_ENGINE_FLAGS, *_ENGINE_SWITCHES)]
+    names.append("debug_token_keys")
     kwargs: dict[str, Any] = {}
     for name in names:
         value = values.get(name)
@@ -149,9 +165,10 @@ def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:
             continue
         if name == "dtype":
             value = _DTYPE_ALIASES.get(value, value)
-        if name == "attention_backend" and value not in ATTENTION_BACKENDS:
-            raise UnsupportedFlagError(f"--attention-backend {value}: not supported yet; implemented: "
-                                       f"{', '.join(ATTENTION_BACKENDS)}")
+        if name == "attention_backend" and value not in registered_backends():
+            raise UnsupportedFlagError(f"--attention-backend {value}: not a jaxserve backend (registered: "
+                                       f"{', '.join(registered_backends())}); parse_launch_args maps "
+                                       f"SGLang's names onto these")
         if name in fields:
             kwargs[name] = value
         elif value not in _NEUTRAL_VALUES.get(name, ()):

@@ -26,7 +26,9 @@ class LaunchError(RuntimeError):
 
 def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
     """The model directory and engine kwargs: `--model-path`, or the embedded default (with its EAGLE-3
-    draft when the engine supports speculative decoding). Raises LaunchError when neither exists."""
+    draft when the engine supports speculative decoding: always when no speculative flag is given, and as
+    the draft of `--speculative-algorithm EAGLE3` without `--speculative-draft-model-path`, with a note on
+    stderr). Raises LaunchError when neither exists."""
     from jaxserve.assets import EMBEDDED_DRAFT_DIR, EMBEDDED_MODEL_DIR, embedded_model_available
     from jaxserve.engine.config import ServerArgs
 
@@ -40,6 +42,13 @@ def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
     spec_supported = "speculative_algorithm" in ServerArgs.__dataclass_fields__
     if spec_supported and EMBEDDED_DRAFT_DIR.exists() and "speculative_algorithm" not in kwargs:
         kwargs.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(EMBEDDED_DRAFT_DIR))
+    elif spec_supported and kwargs.get("speculative_algorithm") and not kwargs.get(
+            "speculative_draft_model_path") and EMBEDDED_DRAFT_DIR.exists():
+        # SGLang's spelling names the algorithm and the draft; on the embedded default the draft is ours
+        kwargs["speculative_draft_model_path"] = str(EMBEDDED_DRAFT_DIR)
+        print(f"note: --speculative-algorithm {kwargs['speculative_algorithm']} without "
+              f"--speculative-draft-model-path: using the embedded EAGLE-3 head ({EMBEDDED_DRAFT_DIR})",
+              file=sys.stderr)
     elif not spec_supported:
         print("note: the engine has no speculative decoding yet; serving the embedded model without its "
               "EAGLE-3 draft", file=sys.stderr)
@@ -135,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UnsupportedFlagError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.attention_choice is not None:
+        kind = "warning" if args.attention_choice.fallback else "note"
+        print(f"{kind}: {args.attention_choice.message}", file=sys.stderr)
     try:
         sock = bind_socket(args.host, args.port)
         engine = build_engine(args)

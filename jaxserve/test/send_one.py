@@ -1,9 +1,10 @@
 """`python -m jaxserve.test.send_one [--prompt TEXT] [--max-new-tokens N] [--port 30000] [--stream]`.
 
 Sends one `/generate` request (the raw prompt, no chat template; temperature 0 by default) and prints the
-text, then a table of latency, completion tokens, acceptance length and speed, as SGLang's `send_one` does:
-acc_length = completion_tokens / spec_verify_ct when spec_verify_ct > 0, else 1.0; speed =
-completion_tokens / e2e_latency (both from the response's meta_info).
+text, then the two lines SGLang's `send_one` prints (`acc_length=1.33`, `speed=217.98 token/s`; what people
+grep for), then a table of latency, completion tokens, acceptance length and speed: acc_length =
+completion_tokens / spec_verify_ct when spec_verify_ct > 0, else 1.0; speed = completion_tokens /
+e2e_latency (both from the response's meta_info).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def send_one(args: argparse.Namespace) -> tuple[float, float]:
         print(ret["text"])
     meta = ret["meta_info"]
     acc_length, speed = acc_length_and_speed(meta)
+    print(f"acc_length={acc_length:.2f}")
+    print(f"speed={speed:.2f} token/s")
     print(format_table(meta["e2e_latency"], meta["completion_tokens"], acc_length, speed))
     return acc_length, speed
 

@@ -4,6 +4,7 @@ output against the running server, and a clean exit on SIGINT with a request in 
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import subprocess
 import sys
@@ -51,15 +52,40 @@ def test_unknown_or_bad_flags_exit_with_a_message(argv, needle, capsys):
 
 
 @pytest.mark.parametrize("argv,flag", [(["--tp-size", "2"], "--tp-size"),
-                                       (["--attention-backend", "triton"], "--attention-backend"),
                                        (["--mem-fraction-static", "0.8"], "--mem-fraction-static")])
 def test_flags_the_engine_cannot_honour_fail_by_name(argv, flag):
     name = flag[2:].replace("-", "_")
-    if name in SERVER_ARGS_FIELDS and name != "attention_backend":
+    if name in SERVER_ARGS_FIELDS:
         assert name in parse_launch_args(argv).engine_kwargs
         return
     with pytest.raises(UnsupportedFlagError, match=f"{flag} .*not supported yet"):
         parse_launch_args(argv)
+
+
+def test_sglang_attention_backend_names_are_accepted_and_logged():
+    from jaxserve.layers.backends import available_backends
+
+    args = parse_launch_args(["--attention-backend", "triton"])
+    assert args.engine_kwargs["attention_backend"] in available_backends()
+    assert args.attention_choice.requested == "triton"
+    assert args.engine_kwargs["attention_backend"] in args.attention_choice.message
+
+
+def test_unknown_attention_backend_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_launch_args(["--attention-backend", "trition"])
+    assert exc.value.code == 2 and "trition: unknown name" in capsys.readouterr().err
+
+
+def test_speculative_algorithm_on_the_embedded_default_uses_the_embedded_head(capsys):
+    from jaxserve.assets import EMBEDDED_DRAFT_DIR
+
+    args = parse_launch_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
+                              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"])
+    _, kwargs = resolve_model(args)
+    assert kwargs["speculative_draft_model_path"] == str(EMBEDDED_DRAFT_DIR)
+    assert kwargs["speculative_num_steps"] == 2 and kwargs["speculative_num_draft_tokens"] == 3
+    assert "using the embedded EAGLE-3 head" in capsys.readouterr().err
 
 
 def test_speculative_flags_are_passed_or_fail_clearly():
@@ -136,7 +162,8 @@ def test_send_one_prints_text_and_acc_length_table(server, reference, stream):
     stdout = run_send_one(server, "--max-new-tokens", "12", *(["--stream"] if stream else []))
     text, ids = reference.generate(DEFAULT_PROMPT, 12, stop=STOP)
     lines = stdout.rstrip("\n").split("\n")
-    assert "\n".join(lines[:-5]) == text  # the text, then a 5-line table
+    assert "\n".join(lines[:-7]) == text  # the text, SGLang's two lines, then a 5-line table
+    assert lines[-7] == "acc_length=1.00" and re.fullmatch(r"speed=\d+\.\d\d token/s", lines[-6])
     assert [c.strip() for c in lines[-4].strip("|").split("|")] == ["Latency (s)", "Tokens", "Acc Length",
                                                                    "Speed (token/s)"]
     latency, tokens, acc_length, speed = (c.strip() for c in lines[-2].strip("|").split("|"))
