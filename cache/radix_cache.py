@@ -12,10 +12,23 @@ Units: all lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (
 `n - 1` units, each holding the slot of its first token). Slots are full-attention slot ids (int64). With
 `page_size = P > 1` every node's key and value are whole pages and matches are floored to pages.
 
-Deliberate differences from SGLang: keys are never converted in place (a `RadixKey` carries its mode);
-`insert` validates its input and rejects keys that are not whole pages instead of storing a partial page;
-`reset` frees the tree's slots to the allocator (SGLang leaves that to the caller's allocator reset); the
-LRU order is a lazy heap of leaves (`cache.eviction`) instead of collecting all leaves on every `evict`.
+LRU order equals SGLang's: every node a match or insert walks into gets a fresh stamp in walk order (a tick
+counter stands in for SGLang's monotonic clock, so no two stamps tie); a node the walk stops inside is stamped
+and then split, and the new upper half is stamped once more, so both halves become recent and the upper one
+is the more recent; a new leaf is the most recent of all; eviction takes unlocked leaves oldest first, a
+parent left without children joining the candidates in the same call. The request operations re-insert
+(and, for an unfinished request, re-match) even when no new whole page was computed, as SGLang does, so a
+request's path is refreshed whenever it is cached.
+
+Deliberate differences from SGLang:
+- keys are never converted in place (a `RadixKey` carries its mode);
+- `insert` validates its input and rejects keys that are not whole pages instead of storing a partial page;
+- `reset` frees the tree's slots to the allocator (SGLang leaves that to the caller's allocator reset);
+- the LRU order is kept in a lazy heap of leaves (`cache.eviction`) instead of collecting every leaf on
+  each `evict`: same order, cost proportional to the nodes touched;
+- the request operations differ where SGLang breaks slot ownership (`cache.radix_requests`), and a
+  `cache_unfinished_req` covering fewer units than the request's last match (nothing computed since) changes
+  nothing, where SGLang would move the lock up to the shorter match.
 Not thread-safe: one scheduler thread owns the tree.
 """
 
@@ -152,14 +165,18 @@ class RadixCache(RadixRequestOps):
             child = node.children.get(head if extra_key is None else (extra_key, head))
             if child is None:
                 break
+            tick += 1
+            child.last_access = tick  # stamped before a split, so both halves are recent (as SGLang)
             if token_bytes.startswith(child.key_bytes, start, end):  # the whole node matches: one memcmp
                 m = child.num_units
             else:
                 pos = start // unit_bytes
                 m = common_units(child, tokens, token_bytes, pos, num_units, bigram, page_size)
-                child = self._split(child, m)  # the lower part keeps its LRU stamp (and heap entry)
-            tick += 1
-            child.last_access = tick
+                lower = child
+                child = self._split(child, m)
+                tick += 1
+                child.last_access = tick  # the upper half is created after the stamp: more recent
+                self._lru.push_if_evictable(lower)  # its stamp changed
             values.append(child.value)
             node = child
             start += m * unit_bytes

@@ -27,7 +27,7 @@ class RequestOps:
     """Mixin base: the scheduler-facing operations on a `CachedReq`, around the hook `_insert_req_prefix`."""
 
     def _insert_req_prefix(self, key: RadixKey, kv: np.ndarray, owned: int) -> tuple[np.ndarray, int]:
-        """Insert `key` (whole pages, `num_units = len(kv)` units, `owned < num_units`) with the request's
+        """Insert `key` (whole pages, `num_units = len(kv)` units, `owned <= num_units`) with the request's
         slots `kv`, of which `kv[:owned]` are already the tree's. Returns the request's duplicate slots that
         the caller must still free (whole pages of `kv[owned:]`), and the end of the range `[owned, end)` of
         `kv` whose slots the tree may have replaced by its own."""
@@ -73,14 +73,15 @@ class RequestOps:
         positions of `req.kv_slots` whose slot may have changed (the caller copies them to the device page
         table; empty when start == stop). `req.prefix_len` becomes `len(fill_ids)`: the next chunk starts
         there. The slots beyond the inserted units (a partial page; under EAGLE the last token's) stay the
-        request's.
+        request's. The insert and re-match run even when no new whole page was computed, so the request's
+        path becomes the most recently used, as in SGLang.
         """
         tokens = as_token_array(fill_ids)
         num_tokens = tokens.shape[0]
         self._check_progress(req, num_tokens, "cache_unfinished_req")
         owned = req.last_matched_prefix_len
         num_units = self._kv_prefix_units(num_tokens)
-        if self.disabled or num_units <= owned:
+        if self.disabled or num_units < owned:  # fewer units than matched: nothing computed since the match
             req.prefix_len = num_tokens
             return owned, owned
         kv = req.kv_slots
@@ -102,14 +103,16 @@ class RequestOps:
         """A finished request: `token_ids` = prompt + output; every token but the last sampled one has KV in
         `req.kv_slots`. Inserts `page_floor(len - 1 - eagle)` units, frees the request's duplicates and every
         private slot the tree did not keep (the tail, including any slots beyond the KV), unlocks, and leaves
-        `req` empty. Afterwards the request owns nothing. Disabled tree: frees all its private slots.
+        `req` empty. Afterwards the request owns nothing. The insert runs even when it adds no page, so the
+        request's path becomes the most recently used, as in SGLang. Disabled tree: frees all its private
+        slots.
         """
         tokens = as_token_array(token_ids)
         num_tokens = max(tokens.shape[0] - 1, 0)
         self._check_progress(req, num_tokens, "cache_finished_req")
         owned, kv = req.last_matched_prefix_len, req.kv_slots
         num_units = self._kv_prefix_units(num_tokens)
-        if not self.disabled and num_units > owned:
+        if not self.disabled and num_units >= owned:  # also with no new page: the insert refreshes the LRU
             key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
             duplicates, _ = self._insert_req_prefix(key, kv[:num_units], owned)
             private = np.concatenate((duplicates, kv[num_units:])) if duplicates.shape[0] else kv[num_units:]

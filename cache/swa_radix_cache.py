@@ -10,7 +10,10 @@ tombstone hold at least `sliding_window` units; otherwise it falls back to just 
 Behaviour follows SGLang 0.5.3.post1's `SWARadixCache` with PR #11231 (EAGLE bigram keys; reference doc
 §10-§15): two intrusive LRU lists (full: all nodes, SWA: live nodes) ordered so that ancestors are older than
 the descendants on a touched path (SWA eviction tombstones root-side nodes first), `insert` frees the caller's
-duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps. This file holds the data
+duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps. The request operations insert
+(and re-match) even when a request computed no new whole page, as SGLang does, so its path is refreshed in
+both lists; skipping that could tombstone a node a request still shares instead of evicting an older leaf.
+This file holds the data
 model, match, insert and split; swa_uuid locks are in `cache.swa_locks`, the two-phase
 `evict(full_num_tokens, swa_num_tokens)` in `cache.swa_eviction`, the request-level operations in
 `cache.request_ops` (shared with the plain tree; this tree's part in `cache.swa_requests`), and
