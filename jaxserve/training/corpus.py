@@ -1,17 +1,28 @@
-"""Offline training corpus: the prose in the Python standard library's own docstrings.
+"""Offline training corpus: the Python standard library's docstrings plus English prose found on disk.
 
 Every Python install carries it, so the embedded model can be rebuilt anywhere without a download. Sources,
-in a fixed order: each importable stdlib module and submodule (sorted names), its docstring and those of the
-public classes, functions and methods it defines, then the language-reference topics of `pydoc_data`.
+in a fixed order:
+1. each importable stdlib module and submodule (sorted names), its docstring and those of the public
+   classes, functions and methods it defines, then the language-reference topics of `pydoc_data`;
+2. general English prose (`prose_documents`): the long descriptions and license files of the installed
+   distributions (sorted by name), Python's own LICENSE.txt, and the system's common license texts
+   (`/usr/share/common-licenses`) where the machine has them. Docstrings alone teach a model that text is
+   one short imperative sentence ("Return the foo.") and then ends; this part teaches ordinary sentences
+   that go on. The set depends on what is installed: run it in the project's pinned venv to reproduce it.
 
 Kept out, so the model does not learn to emit them: codec and table modules (`encodings.*`, `stringprep`,
-...), doctest sessions (`>>>` lines and their output), paragraphs that look like code or data (few letters,
-many digits or brackets), and exact duplicates (inherited or copied docstrings).
+...), doctest sessions (`>>>` lines and their output), code fences and markup, paragraphs that look like
+code or data (few letters, many digits or brackets), and exact duplicates (inherited or copied docstrings,
+license paragraphs shared by many packages).
 
     python -m jaxserve.training.corpus --out build/embedded/corpus
 
-writes `train.txt` and `heldout.txt`: documents separated by `<|endoftext|>`. A document lands in the
-held-out split when a hash of its text says so (`--heldout-fraction`), so the split is stable across runs.
+writes `train.txt` and `heldout.txt`. A document lands in the held-out split when a hash of its text says
+so (`--heldout-fraction`), so the split is stable across runs. The files hold *packed* documents separated by
+`<|endoftext|>`: consecutive documents of one split are joined by blank lines until a pack reaches
+`--pack-chars` characters. Most docstrings are a sentence or two; separating each by the eos taught the
+previous model to end any text after its first full stop (it answered "You are a helpful assistant." with
+eos at once). Packed, an eos follows a few thousand characters of text, not every short paragraph.
 """
 
 from __future__ import annotations
@@ -26,8 +37,10 @@ import json
 import pkgutil
 import re
 import sys
+import sysconfig
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from importlib import metadata
 from pathlib import Path
 
 EOS = "<|endoftext|>"
@@ -168,8 +181,11 @@ def clean_docstring(doc: str) -> str:
     return "\n\n".join(out)
 
 
-def build_documents(module_names: list[str] | None = None, *, with_topics: bool = True) -> list[str]:
-    """Cleaned, de-duplicated documents in a deterministic order (see the module docstring)."""
+def build_documents(module_names: list[str] | None = None, *, with_topics: bool = True,
+                    with_prose: bool = False) -> list[str]:
+    """Cleaned, de-duplicated documents in a deterministic order (see the module docstring): the stdlib
+    docstrings (and topics), then, with `with_prose`, `prose_documents()`. The stdlib part comes first and
+    does not depend on `with_prose`, so its held-out documents are the same either way."""
     names = stdlib_module_names() if module_names is None else module_names
     seen: set[str] = set()
     docs: list[str] = []
@@ -186,7 +202,99 @@ def build_documents(module_names: list[str] | None = None, *, with_topics: bool 
     if with_topics:
         for topic in pydoc_topics():
             add(topic)
+    if with_prose:
+        docs.extend(d for d in prose_documents() if d not in seen)
     return docs
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+_MD_DECOR = re.compile(r"(\*\*|__|`)")
+_HTML = re.compile(r"<[^>]+>")
+
+
+def clean_prose(text: str) -> list[str]:
+    """The prose paragraphs of a README or license text (markdown, reST or plain), reflowed onto one line
+    each: code fences, indented blocks, headings, tables and HTML lines are dropped, markdown links keep
+    their text, emphasis and backquote marks go."""
+    kept, in_fence = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            kept.append("")
+            continue
+        stripped = line.strip()
+        if in_fence or line.startswith(("    ", "\t")) or stripped.startswith(("#", "|", "<", ">")) \
+                or _RST_MARK.match(line):
+            kept.append("")
+            continue
+        line = _HTML.sub("", _MD_DECOR.sub("", _MD_LINK.sub(r"\1", line)))
+        kept.append(line.lstrip("-*+ ") if stripped[:2] in ("- ", "* ", "+ ") else line)
+    paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", "\n".join(kept)))
+    return [p for p in paragraphs if _looks_like_prose(p) and len(p.split()) >= 8]
+
+
+def _description(dist: metadata.Distribution) -> str:
+    """The long description of a distribution: METADATA's body, or its Description field."""
+    text = dist.read_text("METADATA") or ""
+    _, _, body = text.partition("\n\n")
+    return body if body.strip() else (dist.metadata.get("Description") or "")
+
+
+def _license_texts(dist: metadata.Distribution) -> Iterator[str]:
+    names = ("license", "licence", "copying", "notice", "authors")
+    for path in sorted(dist.files or (), key=str):
+        if any(n in path.name.lower() for n in names) and path.suffix.lower() in ("", ".txt", ".md", ".rst"):
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                yield path.read_text(encoding="utf-8")
+
+
+def _disk_texts() -> Iterator[str]:
+    """Raw texts in a fixed order: each distribution (sorted by normalised name, first install of a name
+    only) description then license files; Python's LICENSE.txt; the system's common licenses."""
+    by_name: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
+        if name and name not in by_name:
+            by_name[name] = dist
+    for name in sorted(by_name):
+        yield _description(by_name[name])
+        yield from _license_texts(by_name[name])
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in (stdlib / "LICENSE.txt", *sorted(Path("/usr/share/common-licenses").glob("*"))):
+        if path.is_file():
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                yield path.read_text(encoding="utf-8")
+
+
+def prose_documents(texts: Iterable[str] | None = None) -> list[str]:
+    """One document per source text (default: `_disk_texts()`): its prose paragraphs that no earlier
+    text had (license paragraphs repeat across packages), joined by blank lines; empty ones dropped."""
+    seen: set[str] = set()
+    docs = []
+    for text in _disk_texts() if texts is None else texts:
+        fresh = [p for p in clean_prose(text) if p not in seen]
+        seen.update(fresh)
+        if fresh:
+            docs.append("\n\n".join(fresh))
+    return docs
+
+
+def pack_documents(docs: list[str], pack_chars: int) -> list[str]:
+    """Consecutive documents joined by blank lines into packs of at least `pack_chars` characters (the
+    last pack may be shorter); `pack_chars` <= 0 keeps every document apart."""
+    if pack_chars <= 0:
+        return list(docs)
+    packs, current, size = [], [], 0
+    for doc in docs:
+        current.append(doc)
+        size += len(doc) + 2
+        if size >= pack_chars:
+            packs.append("\n\n".join(current))
+            current, size = [], 0
+    if current:
+        packs.append("\n\n".join(current))
+    return packs
 
 
 def is_heldout(doc: str, fraction: float) -> bool:
@@ -205,7 +313,7 @@ def write_split(docs: list[str], path: Path) -> None:
 
 
 def read_documents(path: str | Path) -> list[str]:
-    """Inverse of the file format: the documents of a `train.txt`/`heldout.txt`."""
+    """Inverse of the file format: the (packed) documents of a `train.txt`/`heldout.txt`."""
     return [d for d in Path(path).read_text().split(EOS) if d]
 
 
@@ -217,16 +325,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modules", nargs="*", default=None,
                         help="only these top-level modules (default: the whole stdlib); for quick tests")
     parser.add_argument("--no-topics", action="store_true", help="leave out the pydoc_data topics")
+    parser.add_argument("--no-prose", action="store_true",
+                        help="leave out the English prose of installed package descriptions and licenses")
+    parser.add_argument("--pack-chars", type=int, default=3000,
+                        help="join consecutive documents into packs of at least this many characters "
+                             "(0: one document per eos)")
     args = parser.parse_args(argv)
-    docs = build_documents(args.modules, with_topics=not args.no_topics)
+    docs = build_documents(args.modules, with_topics=not args.no_topics, with_prose=not args.no_prose)
     train, heldout = split_documents(docs, args.heldout_fraction)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_split(train, out / "train.txt")
-    write_split(heldout, out / "heldout.txt")
+    write_split(pack_documents(train, args.pack_chars), out / "train.txt")
+    write_split(pack_documents(heldout, args.pack_chars), out / "heldout.txt")
     stats = {"documents": len(docs), "train_documents": len(train), "heldout_documents": len(heldout),
              "train_chars": sum(map(len, train)), "heldout_chars": sum(map(len, heldout)),
-             "python": sys.version.split()[0]}
+             "pack_chars": args.pack_chars, "python": sys.version.split()[0]}
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     print(json.dumps(stats))
 

@@ -15,6 +15,7 @@ from jaxserve.training import corpus, draft, export, target, tokenizer
 def pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
     corpus.main(["--out", str(root / "corpus"), "--modules", "json", "textwrap", "string", "--no-topics",
+                 "--no-prose", "--pack-chars", "0",
                  "--heldout-fraction", "0.2"])
     tokenizer.main(["--corpus", str(root / "corpus"), "--out", str(root / "tok"), "--vocab-size", "300"])
     target.main(["--corpus", str(root / "corpus"), "--tokenizer", str(root / "tok"), "--out", str(root / "t"),
