@@ -3,8 +3,10 @@
 A backend is a callable with the signature of `native.paged_attention`: it writes the step's K/V into one
 layer of a pool group, then attends every query token over its sequence's cached keys, and returns
 `(out [T, q_heads, head_dim], new_pool)`. Accelerator kernels register themselves with
-`@register_backend("name")`; models pick one by name (`get_backend("native")` is the plain-JAX reference
-that runs anywhere and is the test oracle).
+`@register_backend("name")`; models pick one by name. `native` is the plain-JAX reference (gathers every
+key index of the page table per token) and the test oracle; `xla` is ragged paged attention in plain JAX
+(work follows the real context) and `DEFAULT_BACKEND`: the CPU path, and the fallback on accelerators
+where no kernel applies.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 AttentionBackend = Callable[..., Any]
 
 _BACKENDS: dict[str, AttentionBackend] = {}
+DEFAULT_BACKEND = "xla"
 
 
 def register_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend]:
@@ -41,6 +44,7 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-from jaxserve.layers.backends import native  # noqa: E402  (registers "native")
+from jaxserve.layers.backends import native, xla  # noqa: E402  (register "native" and "xla")
 
-__all__ = ["AttentionBackend", "available_backends", "get_backend", "native", "register_backend"]
+__all__ = ["DEFAULT_BACKEND", "AttentionBackend", "available_backends", "get_backend", "native",
+           "register_backend", "xla"]
