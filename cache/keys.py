@@ -58,6 +58,22 @@ def as_token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr
 
 
+def token_array_and_bytes(token_ids: Sequence[int] | np.ndarray) -> tuple[np.ndarray, bytes]:
+    """Validated token ids as a read-only int64 array that views an immutable copy, and that copy's bytes.
+
+    One key preparation for a whole call: a 1-D int64 array costs one validating reduction and one copy;
+    other input goes through `as_token_array`. Nodes may keep views of the array, and the caller may reuse
+    its input. Raises InvalidTokensError like `as_token_array`.
+    """
+    if type(token_ids) is np.ndarray and token_ids.dtype == TOKEN_DTYPE and token_ids.ndim == 1:
+        if token_ids.size and token_ids.view(np.uint64).max() > MAX_TOKEN_ID:  # negatives wrap: huge
+            as_token_array(token_ids)  # raises the precise InvalidTokensError
+        token_bytes = token_ids.tobytes()
+    else:
+        token_bytes = as_token_array(token_ids).tobytes()
+    return np.frombuffer(token_bytes, TOKEN_DTYPE), token_bytes
+
+
 @dataclass(frozen=True, slots=True)
 class RadixKey:
     """An immutable key: `tokens` (read-only int64 array), unit mode, and an optional namespace.

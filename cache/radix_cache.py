@@ -41,14 +41,7 @@ import numpy as np
 from cache.allocator import SlotAllocator
 from cache.errors import EvictLockedError, LockError, ValueLengthError
 from cache.eviction import LeafHeap
-from cache.keys import (
-    MAX_TOKEN_ID,
-    TOKEN_DTYPE,
-    RadixKey,
-    as_token_array,
-    check_page_aligned,
-    tree_key,
-)
+from cache.keys import RadixKey, check_page_aligned, token_array_and_bytes, tree_key
 from cache.match import MatchResult, common_units
 from cache.node import TreeNode
 from cache.node_base import _TOKEN_BYTES, drop_all
@@ -130,16 +123,12 @@ class RadixCache(RadixRequestOps):
     def _prepare(
         self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None
     ) -> tuple[RadixKey, bytes]:
-        """`make_key` plus the key's token bytes. Fast path for 1-D int64 arrays: one validating pass and one
-        copy into an immutable bytes object that the key's (read-only) tokens view, so nodes may keep views
-        of it and the caller may reuse its array."""
-        if type(token_ids) is np.ndarray and token_ids.dtype == TOKEN_DTYPE and token_ids.ndim == 1:
-            if token_ids.size and token_ids.view(np.uint64).max() > MAX_TOKEN_ID:  # negatives wrap: huge
-                as_token_array(token_ids)  # raises the precise InvalidTokensError
-            token_bytes = token_ids.tobytes()
-            return RadixKey(np.frombuffer(token_bytes, TOKEN_DTYPE), self.eagle, extra_key), token_bytes
-        key = self.make_key(token_ids, extra_key)
-        return key, key.tokens.tobytes()
+        """`make_key` plus the key's token bytes (see `cache.keys.token_array_and_bytes`)."""
+        if isinstance(token_ids, RadixKey):
+            key = self.make_key(token_ids, extra_key)
+            return key, key.tokens.tobytes()
+        tokens, token_bytes = token_array_and_bytes(token_ids)
+        return RadixKey(tokens, self.eagle, extra_key), token_bytes
 
     # ------------------------------------------------------------------ match / insert
     def _walk(
@@ -193,7 +182,10 @@ class RadixCache(RadixRequestOps):
         or allocates. Under EAGLE a key of n tokens matches at most n - 1 slots (R5). Cost: O(nodes visited)
         Python steps plus C-speed compares of the matched tokens.
         """
-        key, token_bytes = self._prepare(token_ids, extra_key)
+        return self._match(*self._prepare(token_ids, extra_key))
+
+    def _match(self, key: RadixKey, token_bytes: bytes) -> MatchResult:
+        """`match_prefix` of a prepared key (`token_bytes` are its tokens' bytes)."""
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
             return MatchResult(EMPTY_SLOTS.copy(), self.root)
@@ -221,7 +213,10 @@ class RadixCache(RadixRequestOps):
         (more is allowed only under EAGLE) and be whole pages in order. Bad input raises before any change.
         Disabled tree: stores nothing, returns 0 (the caller keeps every slot).
         """
-        key, token_bytes = self._prepare(token_ids, extra_key)
+        return self._insert(*self._prepare(token_ids, extra_key), slots)
+
+    def _insert(self, key: RadixKey, token_bytes: bytes, slots: Sequence[int] | np.ndarray) -> int:
+        """`insert` of a prepared key (`token_bytes` are its tokens' bytes)."""
         slots = as_slot_array(slots)
         num_units = len(key)
         check_page_aligned(num_units, self.page_size, "inserted key")

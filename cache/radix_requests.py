@@ -27,8 +27,10 @@ from cache.request_ops import RequestOps
 class RadixRequestOps(RequestOps):
     """Mixin for `RadixCache`: the request operations of `cache.request_ops`, plain insert hook."""
 
-    def _insert_req_prefix(self, key: RadixKey, kv: np.ndarray, owned: int) -> tuple[np.ndarray, int]:
+    def _insert_req_prefix(
+        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
+    ) -> tuple[np.ndarray, int]:
         """Insert, then hand back `kv[owned:num_cached]`: the request's duplicates of units the tree already
         had (whole pages the request owns), which are also the positions whose slots the re-match replaces."""
-        stop = max(owned, self.insert(key, kv))
+        stop = max(owned, self._insert(key, token_bytes, kv))
         return kv[owned:stop], stop

@@ -8,8 +8,10 @@ request's duplicates of units the tree already had: that is the hook `_insert_re
 `cache.radix_requests.RadixRequestOps` and `cache.swa_requests.SWARequestOps` (see there for each tree's
 rules and where they are correct and SGLang 0.5.3.post1 is not).
 
-The host class provides `eagle`, `page_size`, `disabled`, `root`, `allocator`, `match_prefix`, `insert`,
-`inc_lock_ref` and `dec_lock_ref`.
+The host class provides `eagle`, `page_size`, `disabled`, `root`, `allocator`, `_match` / `_insert` (match
+and insert of a prepared key: a `RadixKey` plus its tokens' bytes), `inc_lock_ref` and `dec_lock_ref`. Each
+operation validates and copies the request's tokens once (`cache.keys.token_array_and_bytes`) and hands the
+prepared key to every tree call it makes.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from cache.errors import InvariantError, RequestStateError
-from cache.keys import SLOT_DTYPE, RadixKey, as_token_array
+from cache.keys import SLOT_DTYPE, RadixKey, token_array_and_bytes
+from cache.node_base import _TOKEN_BYTES
 from cache.request import CachedReq
 
 
 class RequestOps:
     """Mixin base: the scheduler-facing operations on a `CachedReq`, around the hook `_insert_req_prefix`."""
 
-    def _insert_req_prefix(self, key: RadixKey, kv: np.ndarray, owned: int) -> tuple[np.ndarray, int]:
+    def _insert_req_prefix(
+        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
+    ) -> tuple[np.ndarray, int]:
         """Insert `key` (whole pages, `num_units = len(kv)` units, `owned <= num_units`) with the request's
         slots `kv`, of which `kv[:owned]` are already the tree's. Returns the request's duplicate slots that
         the caller must still free (whole pages of `kv[owned:]`), and the end of the range `[owned, end)` of
@@ -47,11 +52,12 @@ class RequestOps:
         The caller then allocates slots for the positions from `req.prefix_len` on and appends them to
         `req.kv_slots` (they are the request's). Raises RequestStateError if `req` already holds slots.
         """
-        tokens = as_token_array(fill_ids)
+        tokens, token_bytes = token_array_and_bytes(fill_ids)
         if req.kv_slots.shape[0] or req.last_matched_prefix_len:
             raise RequestStateError("admit needs a fresh request (no slots); release or finish it first")
-        key = RadixKey(tokens[: max(tokens.shape[0] - 1, 0)], self.eagle, req.extra_key)
-        slots, node = self.match_prefix(key)
+        num_tokens = max(tokens.shape[0] - 1, 0)
+        key = RadixKey(tokens[:num_tokens], self.eagle, req.extra_key)
+        slots, node = self._match(key, token_bytes[: num_tokens * _TOKEN_BYTES])
         req.lock_id = self.inc_lock_ref(node)
         req.kv_slots, req.last_node = slots, node
         req.prefix_len = req.last_matched_prefix_len = int(slots.shape[0])
@@ -76,7 +82,7 @@ class RequestOps:
         request's. The insert and re-match run even when no new whole page was computed, so the request's
         path becomes the most recently used, as in SGLang.
         """
-        tokens = as_token_array(fill_ids)
+        tokens, token_bytes = token_array_and_bytes(fill_ids)
         num_tokens = tokens.shape[0]
         self._check_progress(req, num_tokens, "cache_unfinished_req")
         owned = req.last_matched_prefix_len
@@ -86,10 +92,11 @@ class RequestOps:
             return owned, owned
         kv = req.kv_slots
         key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
-        duplicates, changed_stop = self._insert_req_prefix(key, kv[:num_units], owned)
+        key_bytes = token_bytes[: (num_units + self.eagle) * _TOKEN_BYTES]
+        duplicates, changed_stop = self._insert_req_prefix(key, key_bytes, kv[:num_units], owned)
         if duplicates.shape[0]:
             self.allocator.free(duplicates)
-        slots, node = self.match_prefix(key)
+        slots, node = self._match(key, key_bytes)
         if slots.shape[0] != num_units:  # cannot happen unless the tree is corrupt; never repoint on it
             raise InvariantError(f"re-match after insert found {slots.shape[0]} of {num_units} units (a bug)")
         lock_id = self.inc_lock_ref(node)
@@ -107,14 +114,15 @@ class RequestOps:
         request's path becomes the most recently used, as in SGLang. Disabled tree: frees all its private
         slots.
         """
-        tokens = as_token_array(token_ids)
+        tokens, token_bytes = token_array_and_bytes(token_ids)
         num_tokens = max(tokens.shape[0] - 1, 0)
         self._check_progress(req, num_tokens, "cache_finished_req")
         owned, kv = req.last_matched_prefix_len, req.kv_slots
         num_units = self._kv_prefix_units(num_tokens)
         if not self.disabled and num_units >= owned:  # also with no new page: the insert refreshes the LRU
             key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
-            duplicates, _ = self._insert_req_prefix(key, kv[:num_units], owned)
+            key_bytes = token_bytes[: (num_units + self.eagle) * _TOKEN_BYTES]
+            duplicates, _ = self._insert_req_prefix(key, key_bytes, kv[:num_units], owned)
             private = np.concatenate((duplicates, kv[num_units:])) if duplicates.shape[0] else kv[num_units:]
         else:
             private = kv[owned:]

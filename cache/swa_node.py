@@ -40,6 +40,7 @@ class SWANode(NodeBase):
         "id",
         "key",
         "key_bytes",
+        "num_units",
         "parent",
         "swa_link",
         "swa_lock_ref",
@@ -54,6 +55,7 @@ class SWANode(NodeBase):
         self.key = key
         self.key_bytes = key.tokens.tobytes()  # cached so that a key comparison is one memcmp
         self.value = value
+        self.num_units = int(value.shape[0])  # key units == full slots held; kept in sync by the tree
         self.parent = parent
         self.children: dict[Hashable, SWANode] = {}
         self.tombstone = tombstone
@@ -64,11 +66,6 @@ class SWANode(NodeBase):
         self.full_link = LRULink(self)
         self.swa_link = LRULink(self)
         self.id = next(_ids)
-
-    @property
-    def num_units(self) -> int:
-        """Key length in units (tokens or bigrams) == number of full slots held."""
-        return int(self.value.shape[0])
 
     def __repr__(self) -> str:
         flags = " T" if self.tombstone else ""

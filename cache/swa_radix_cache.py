@@ -45,10 +45,10 @@ import numpy as np
 
 from cache.allocator import SWASlotAllocator
 from cache.errors import ValueLengthError
-from cache.keys import RadixKey, check_page_aligned, tree_key
+from cache.keys import RadixKey, check_page_aligned, token_array_and_bytes, tree_key
 from cache.lru_list import LRUList
 from cache.match import MatchResult, common_units
-from cache.node_base import _TOKEN_BYTES, child_key_of, drop_all
+from cache.node_base import _TOKEN_BYTES, drop_all
 from cache.slots import EMPTY_SLOTS, as_slot_array, check_slots
 from cache.swa_eviction import SWAEvictionOps
 from cache.swa_invariants import check_swa_invariants
@@ -148,8 +148,28 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
         return tree_key(token_ids, extra_key, eagle=self.eagle)
 
+    def _prepare(
+        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None
+    ) -> tuple[RadixKey, bytes]:
+        """`make_key` plus the key's token bytes (see `cache.keys.token_array_and_bytes`)."""
+        if isinstance(token_ids, RadixKey):
+            key = self.make_key(token_ids, extra_key)
+            return key, key.tokens.tobytes()
+        tokens, token_bytes = token_array_and_bytes(token_ids)
+        return RadixKey(tokens, self.eagle, extra_key), token_bytes
+
     def _child_key(self, token_bytes: bytes, pos: int, extra_key: Hashable | None) -> Hashable:
-        return child_key_of(token_bytes[pos * _TOKEN_BYTES :], self.page_size, self.eagle, extra_key)
+        start = pos * _TOKEN_BYTES
+        head = token_bytes[start : start + (self.page_size + self.eagle) * _TOKEN_BYTES]
+        return head if extra_key is None else (extra_key, head)
+
+    def _common_units(
+        self, child: SWANode, tokens: np.ndarray, token_bytes: bytes, pos: int, num_units: int
+    ) -> int:
+        """`common_units`, with one memcmp when the whole node matches (the usual case on a shared path)."""
+        if child.num_units <= num_units - pos and token_bytes.startswith(child.key_bytes, pos * _TOKEN_BYTES):
+            return child.num_units
+        return common_units(child, tokens, token_bytes, pos, num_units, self.eagle, self.page_size)
 
     # ------------------------------------------------------------------ LRU helpers
     def _touch(self, node: SWANode) -> None:
@@ -181,12 +201,15 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         refreshes the LRU order of the answer's path; never frees or allocates. Under EAGLE a key of n
         tokens matches at most n - 1 slots. Cost: O(nodes visited) plus C-speed compares of matched tokens.
         """
-        key = self.make_key(token_ids, extra_key)
+        return self._match(*self._prepare(token_ids, extra_key))
+
+    def _match(self, key: RadixKey, token_bytes: bytes) -> MatchResult:
+        """`match_prefix` of a prepared key (`token_bytes` are its tokens' bytes)."""
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
             return MatchResult(EMPTY_SLOTS.copy(), self.root)
         tokens = key.tokens[: num_units + self.eagle]
-        token_bytes = tokens.tobytes()
+        token_bytes = token_bytes[: (num_units + self.eagle) * _TOKEN_BYTES]
         window = self.sliding_window
         node, pos, values = self.root, 0, []
         since = math.inf  # live units since the last tombstone on the path; inf while there is none
@@ -199,7 +222,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
                 if since >= window:
                     best_len, best_node = len(values), node
                 since = 0
-            m = common_units(child, tokens, token_bytes, pos, num_units, self.eagle, self.page_size)
+            m = self._common_units(child, tokens, token_bytes, pos, num_units)
             ends_inside = m < child.num_units
             if ends_inside:
                 child = self._split(child, m)
@@ -236,7 +259,12 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         pages.
         Bad input raises before any change. Disabled tree: stores and frees nothing, returns 0.
         """
-        key = self.make_key(token_ids, extra_key)
+        return self._insert(*self._prepare(token_ids, extra_key), slots, prev_prefix_len)
+
+    def _insert(
+        self, key: RadixKey, token_bytes: bytes, slots: Sequence[int] | np.ndarray, prev_prefix_len: int
+    ) -> int:
+        """`insert` of a prepared key (`token_bytes` are its tokens' bytes)."""
         slots = as_slot_array(slots)
         num_units = len(key)
         check_page_aligned(num_units, self.page_size, "inserted key")
@@ -251,14 +279,14 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         if self.disabled or num_units == 0:
             return 0
         prev = prev_prefix_len - prev_prefix_len % self.page_size
-        tokens, token_bytes = key.tokens, key.tokens.tobytes()
+        tokens = key.tokens
         node, pos, to_free = self.root, 0, []
         while pos < num_units:
             child = node.children.get(self._child_key(token_bytes, pos, key.extra_key))
             if child is None:
                 break
             self._touch(child)
-            m = common_units(child, tokens, token_bytes, pos, num_units, self.eagle, self.page_size)
+            m = self._common_units(child, tokens, token_bytes, pos, num_units)
             if m < child.num_units:
                 child = self._split(child, m)
             if prev < pos + m:
@@ -308,6 +336,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         child.key = child.key.units(num_units)
         child.key_bytes = child.key_bytes[num_units * _TOKEN_BYTES :]
         child.value = child.value[num_units:]
+        child.num_units -= num_units
         child.parent = upper
         upper.children[child.child_key(self.page_size)] = child
         parent.children[old_child_key] = upper

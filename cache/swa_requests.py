@@ -34,8 +34,10 @@ from cache.slots import EMPTY_SLOTS
 class SWARequestOps(RequestOps):
     """Mixin for `SWARadixCache`: the request operations of `cache.request_ops`, SWA insert hook."""
 
-    def _insert_req_prefix(self, key: RadixKey, kv: np.ndarray, owned: int) -> tuple[np.ndarray, int]:
+    def _insert_req_prefix(
+        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
+    ) -> tuple[np.ndarray, int]:
         """Insert with `prev_prefix_len = owned`: the tree frees the duplicates and revives tombstones, so
         nothing is left to free, and every position in `[owned, len(kv))` may now hold a different slot."""
-        self.insert(key, kv, prev_prefix_len=owned)
+        self._insert(key, token_bytes, kv, owned)
         return EMPTY_SLOTS, kv.shape[0]

@@ -138,22 +138,38 @@ def check_slot_range(state: AllocatorState, slots: np.ndarray) -> None:
 
 
 def pages_of_slots(state: AllocatorState, slots: np.ndarray) -> np.ndarray:
-    """Validated, de-duplicated, sorted pages of these slots. Raises SlotRangeError / TypeError."""
+    """Validated, de-duplicated, sorted pages of these slots. Raises SlotRangeError / TypeError.
+
+    Cost: O(1) numpy calls. With page_size > 1 the slots of one page usually come in a run (a node's value,
+    a request's tail), so runs collapse to one page first and only the pages are sorted, not every slot."""
     arr = np.asarray(slots)
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"slot ids must be integers, got dtype {arr.dtype}")
     arr = arr.astype(SLOT_DTYPE, copy=False).reshape(-1)
     check_slot_range(state, arr)
-    return unique_sorted(arr // state.page_size if state.page_size > 1 else arr)
+    if state.page_size == 1:
+        return unique_sorted(arr)
+    pages = arr // state.page_size
+    if pages.size > 1:
+        run_starts = pages[1:] != pages[:-1]
+        pages = pages[np.concatenate(([True], run_starts))]
+    return unique_sorted(pages)
 
 
 def unique_sorted(values: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (np.unique's hashing path is slower for the small arrays of one call)."""
-    values = np.sort(values.astype(PAGE_DTYPE, copy=False))
-    if values.size > 1:
-        dup = values[1:] == values[:-1]
-        if dup.any():
-            values = values[np.concatenate(([True], ~dup))]
+    """Sorted distinct values. Strictly ascending or descending input (the slots of one alloc come out one
+    way or the other) needs no sort; np.unique's hashing path is slower for the small arrays of one call."""
+    values = values.astype(PAGE_DTYPE, copy=False)
+    if values.size < 2:
+        return values
+    if (values[1:] > values[:-1]).all():
+        return values
+    if (values[1:] < values[:-1]).all():
+        return values[::-1]
+    values = np.sort(values)
+    dup = values[1:] == values[:-1]
+    if dup.any():
+        values = values[np.concatenate(([True], ~dup))]
     return values
 
 

@@ -21,12 +21,14 @@ from jaxserve.memory.errors import InvalidAllocRequestError, OutOfSlots
 
 @dataclass(frozen=True)
 class ExtendPlan:
-    """Validated extend arguments plus the page count per request (`new_pages`)."""
+    """Validated extend arguments plus the page count per request (`new_pages`) and whether any request
+    continues a partial page (`continues_page`; False: every request starts on a page boundary)."""
 
     prefix_lens: np.ndarray
     seq_lens: np.ndarray
     last_locs: np.ndarray
     new_pages: np.ndarray
+    continues_page: bool
 
     @property
     def num_new_pages(self) -> int:
@@ -51,9 +53,10 @@ def plan_extend(
         )
     p = state.page_size
     if p == 1:  # every new position is a new page; nothing continues a partial page
-        return ExtendPlan(pre, seq, last, seq - pre)
+        return ExtendPlan(pre, seq, last, seq - pre, False)
     partial = (pre % p) != 0
-    if partial.any():
+    continues_page = bool(partial.any())
+    if continues_page:
         lp = last[partial]
         if (lp < p).any() or (lp >= state.slot_limit).any() or ((lp + 1) % p != pre[partial] % p).any():
             raise InvalidAllocRequestError(
@@ -65,15 +68,27 @@ def plan_extend(
                 "last_locs points at a page that is free: the request does not own it"
             )
     new_pages = -(-seq // p) - (-(-pre // p))
-    return ExtendPlan(pre, seq, last, new_pages)
+    return ExtendPlan(pre, seq, last, new_pages, continues_page)
 
 
 def slots_for_plan(plan: ExtendPlan, pages: np.ndarray, page_size: int) -> np.ndarray:
-    """The slots of every new position, request-major, given the plan's freshly allocated pages in order."""
+    """The slots of every new position, request-major, given the plan's freshly allocated pages in order.
+
+    Cost: O(1) numpy calls; the per-position rule runs only when some request continues a partial page."""
     p = page_size
     if p == 1:  # one fresh page per position, handed out in request-major order
         return pages.astype(SLOT_DTYPE, copy=False)
     counts = plan.seq_lens - plan.prefix_lens
+    if not plan.continues_page:  # whole fresh pages per request, page-major; drop last pages' spare slots
+        slots = A.pages_to_slots(pages, p)
+        if counts.size == 1:
+            return slots[: int(counts[0])]
+        page_slots = plan.new_pages * p
+        unused = page_slots - counts
+        if not unused.any():
+            return slots
+        keep = np.arange(slots.size) < np.repeat(np.cumsum(page_slots) - unused, page_slots)
+        return slots[keep]
     if (counts == 1).all():
         # decode: one position per request, on a fresh page iff it starts one, else after last_locs
         out = plan.last_locs + 1
