@@ -22,26 +22,27 @@ import jax.numpy as jnp
 
 from jaxserve.layers.attention_metadata import AttentionMetadata
 from jaxserve.layers.backends import register_backend
-from jaxserve.memory.kv_pool import KVPool, read_kv, write_kv
+from jaxserve.memory.kv_pool import KVPool, from_storage, write_kv
 
 _MASKED = -1e30  # finite, so a fully masked block leaves the running max finite and its weights at 0
 TOKEN_WALK_TOKENS_PER_SEQ = 8  # token walk when T <= this * S (decodes, verify spans, draft trees)
 QUERY_BLOCK = 128  # tokens per query block in the query-block walk
-BLOCK_KEYS = 256  # key indices per block (rounded down to whole pages, at least one page)
+TOKEN_WALK_BLOCK_KEYS = 128  # key indices per block, by walk (rounded down to whole pages, at least one)
+QUERY_WALK_BLOCK_KEYS = 256
 
 
 @register_backend("xla")
 def ragged_paged_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, pool: KVPool, layer: int, meta: AttentionMetadata, *,
     use_swa_tables: bool = False, sliding_window: int | None = None, sinks: jax.Array | None = None,
-    logit_softcap: float | None = None, scale: float | None = None, block_keys: int = BLOCK_KEYS,
+    logit_softcap: float | None = None, scale: float | None = None, block_keys: int | None = None,
     query_block: int = QUERY_BLOCK, walk: str | None = None,
 ) -> tuple[jax.Array, KVPool]:
     """Same contract as `native.paged_attention`: write `k, v [T, kv_heads, D]` into layer `layer`, then
     attend `q [T, q_heads, D]`; returns `(out [T, q_heads, D] in q's dtype, new_pool)`.
 
-    `block_keys`: key indices per block (in tokens; at most the table's `max_kv_len`, rounded down to whole
-    pages, at least one page).
+    `block_keys`: key indices per block (in tokens; None: by walk, and at most the window on the token walk;
+    then at most the table's `max_kv_len`, rounded down to whole pages, at least one page).
     `query_block`: tokens per query block of the query-block walk. `walk`: "token" or "query" forces a
     loop (tests, benchmarks); None picks by shape (module docstring). Peak extra memory: one key block
     per token (token walk) or per query block (query-block walk).
@@ -58,14 +59,18 @@ def ragged_paged_attention(
     meta, table = jax.tree.map(jnp.asarray, (meta, table))  # host metadata when called outside jit
 
     num_tokens, num_q_heads, head_dim = q.shape
+    if walk is None:
+        walk = "token" if num_tokens <= TOKEN_WALK_TOKENS_PER_SEQ * meta.num_seqs else "query"
+    if block_keys is None:
+        block_keys = TOKEN_WALK_BLOCK_KEYS if walk == "token" else QUERY_WALK_BLOCK_KEYS
+        if walk == "token" and sliding_window is not None:
+            block_keys = min(block_keys, sliding_window)  # a window spans two blocks of its own size
     walker = Walker(
         pool=pool, layer=layer, table=table, page_size=meta.page_size,
         pages_per_block=max(1, min(block_keys, meta.max_kv_len) // meta.page_size),
         group=num_q_heads // pool.num_kv_heads,
         scale=head_dim ** -0.5 if scale is None else scale, logit_softcap=logit_softcap, sinks=sinks)
     lo, hi = visible_key_range(meta, sliding_window)
-    if walk is None:
-        walk = "token" if num_tokens <= TOKEN_WALK_TOKENS_PER_SEQ * meta.num_seqs else "query"
     if walk == "token":
         out = walker.token_walk(q, meta.seq_ids, lo, hi, meta.custom_mask)
     else:
@@ -100,14 +105,26 @@ class Walker:
     # ---- shared pieces ----------------------------------------------------------------------------------
     def gather_block(self, seq: jax.Array, block: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Keys/values of key block `block` of sequence `seq` (int arrays of one shape `B`): `(keys,
-        values [*B, block_keys, Hkv, D], key_idx [*B, block_keys])`. Pages past the table read page 0."""
+        values [*B, Hkv, block_keys, D], key_idx [*B, block_keys])`. Pages past the table read page 0.
+
+        K and V are gathered separately, head-major: measured on CPU, this is 2-5x cheaper than gathering
+        interleaved rows and splitting them (a strided copy), and the score matmul then needs no transpose.
+        """
         ppb, ps = self.pages_per_block, self.page_size
         page_idx = block[..., None] * ppb + jnp.arange(ppb, dtype=jnp.int32)
         pages = self.table.at[seq[..., None], page_idx].get(mode="fill", fill_value=0)
-        slots = (pages[..., None] * ps + jnp.arange(ps, dtype=jnp.int32)).reshape(*block.shape, -1)
-        keys, values = read_kv(self.pool, self.layer, slots)
+        slots = (pages[..., None] * ps + jnp.arange(ps, dtype=jnp.int32)).reshape(*block.shape, 1, -1)
+        kv_rows = 2 * jnp.arange(self.pool.num_kv_heads, dtype=jnp.int32)[:, None]  # K of head h at 2h
+        keys, values = (self.load(self.pool.data.at[self.layer, slots, kv_rows + half].get(
+            mode="fill", fill_value=0)) for half in (0, 1))
         key_idx = block[..., None] * self.block_keys + jnp.arange(self.block_keys, dtype=jnp.int32)
         return keys, values, key_idx
+
+    def load(self, stored: jax.Array) -> jax.Array:
+        """Stored K (or V) `[..., D]` -> `pool.output_dtype`, as `read_kv` returns it. `from_storage` splits
+        an interleaved head axis; a one-element axis hands back the whole array as its K half."""
+        half, _ = from_storage(self.pool, stored[..., None, :])
+        return half[..., 0, :]
 
     def scores(self, spec: str, q: jax.Array, keys: jax.Array) -> jax.Array:
         s = jnp.einsum(spec, q, keys.astype(q.dtype), preferred_element_type=jnp.float32) * self.scale
@@ -162,11 +179,11 @@ class Walker:
             visible = (key_idx >= lo[:, None]) & (key_idx < hi[:, None]) & (i < num_blocks)[:, None]
             if custom_mask is not None:
                 visible &= custom_mask.at[rows, key_idx].get(mode="fill", fill_value=False)
-            s = self.scores("thgd,tkhd->thgk", qg, keys)
+            s = self.scores("thgd,thkd->thgk", qg, keys)
             values = values.astype(q.dtype)
 
             def pv(p):
-                return jnp.einsum("thgk,tkhd->thgd", p.astype(values.dtype), values,
+                return jnp.einsum("thgk,thkd->thgd", p.astype(values.dtype), values,
                                   preferred_element_type=jnp.float32)
 
             return self.online_update(state, s, visible[:, None, None, :], pv)
@@ -206,7 +223,7 @@ class Walker:
             start = block_start[b]
             seq = seq_ids[start]
             take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, bq)
-            q_blk = take(q_pad)
+            q_blk = take(q_pad).transpose(1, 2, 0, 3)  # [Hkv, G, bq, D]: heads lead, as in the keys
             mine = take(block_of_pad) == b
             lo_blk = jnp.where(mine, take(lo_pad), 0)[:, None]
             hi_blk = jnp.where(mine, take(hi_pad), 0)[:, None]
@@ -219,11 +236,11 @@ class Walker:
                 if custom_mask is not None:
                     visible &= custom_mask.at[(start + rows_in_block)[:, None], key_idx[None, :]].get(
                         mode="fill", fill_value=False)
-                s = self.scores("qhgd,khd->hgqk", q_blk, keys)
+                s = self.scores("hgqd,hkd->hgqk", q_blk, keys)
                 values = values.astype(q.dtype)
 
                 def pv(p):
-                    return jnp.einsum("hgqk,khd->hgqd", p.astype(values.dtype), values,
+                    return jnp.einsum("hgqk,hkd->hgqd", p.astype(values.dtype), values,
                                       preferred_element_type=jnp.float32)
 
                 return self.online_update(state, s, visible, pv)
