@@ -69,11 +69,19 @@ class LRUList:
         self.move_after(None, link)
 
     def move_after(self, anchor: LRULink | None, link: LRULink) -> None:
-        """Move a member to just after `anchor` (None: the head)."""
-        if anchor is link:
-            return
-        self.remove(link)
-        self.insert_after(anchor, link)
+        """Move a member to just after `anchor` (None: the head). The hot path of every touched path, so
+        `remove` and `insert_after` are written out here."""
+        before = self._head if anchor is None else anchor
+        if before is link or before.next is link:
+            return  # already there
+        if link.prev is None:
+            raise ValueError("link is not in this LRU list")
+        link.prev.next = link.next
+        link.next.prev = link.prev  # type: ignore[union-attr]
+        after = before.next
+        link.prev, link.next = before, after
+        before.next = link
+        after.prev = link  # type: ignore[union-attr]
 
     def lru_where(self, pred: Callable[[Any], bool]) -> Any:
         """The least recently used owner satisfying `pred`, or None. O(members skipped)."""

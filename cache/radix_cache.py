@@ -229,7 +229,8 @@ class RadixCache(RadixRequestOps):
         node, pos, _ = self._walk(key, token_bytes, num_units)
         if pos < num_units:
             self._tick += 1
-            leaf = TreeNode(key.units(pos), slots[pos:].copy(), node, self._tick)
+            leaf_bytes = token_bytes[pos * _TOKEN_BYTES :]  # the bytes of key.units(pos): no second copy
+            leaf = TreeNode(key.units(pos), slots[pos:].copy(), node, self._tick, leaf_bytes)
             node.children[leaf.child_key(self.page_size)] = leaf
             self._evictable_size += leaf.num_units
             self._num_nodes += 1
@@ -294,7 +295,7 @@ class RadixCache(RadixRequestOps):
                 self._evictable_size += n.num_units
                 self._protected_size -= n.num_units
             n.lock_ref -= 1
-            self._lru.push_if_evictable(n)
+        self._lru.push_if_evictable(node)  # the rest of the path are its ancestors: not leaves
         self._lru.compact(self._num_nodes)
 
     # ------------------------------------------------------------------ eviction

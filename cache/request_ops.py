@@ -32,10 +32,10 @@ class RequestOps:
     def _insert_req_prefix(
         self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
     ) -> tuple[np.ndarray, int]:
-        """Insert `key` (whole pages, `num_units = len(kv)` units, `owned <= num_units`) with the request's
-        slots `kv`, of which `kv[:owned]` are already the tree's. Returns the request's duplicate slots that
-        the caller must still free (whole pages of `kv[owned:]`), and the end of the range `[owned, end)` of
-        `kv` whose slots the tree may have replaced by its own."""
+        """Insert `key` (whole pages, `num_units = len(kv)` units, `owned <= num_units`; `token_bytes` are its
+        tokens' bytes) with the request's slots `kv`, of which `kv[:owned]` are already the tree's. Returns
+        the request's duplicate slots that the caller must still free (whole pages of `kv[owned:]`), and the
+        end of the range `[owned, end)` of `kv` whose slots the tree may have replaced by its own."""
         raise NotImplementedError
 
     def _kv_prefix_units(self, num_tokens: int) -> int:

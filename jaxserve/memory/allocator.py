@@ -146,13 +146,15 @@ def pages_of_slots(state: AllocatorState, slots: np.ndarray) -> np.ndarray:
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"slot ids must be integers, got dtype {arr.dtype}")
     arr = arr.astype(SLOT_DTYPE, copy=False).reshape(-1)
-    check_slot_range(state, arr)
     if state.page_size == 1:
+        check_slot_range(state, arr)
         return unique_sorted(arr)
     pages = arr // state.page_size
     if pages.size > 1:
         run_starts = pages[1:] != pages[:-1]
         pages = pages[np.concatenate(([True], run_starts))]
+    if pages.size and (pages.min() < 1 or pages.max() > state.stack.num_pages):
+        check_slot_range(state, arr)  # the range on pages is the range on slots; this raises the details
     return unique_sorted(pages)
 
 

@@ -21,24 +21,23 @@ from jaxserve.memory.errors import InvalidAllocRequestError, OutOfSlots
 
 @dataclass(frozen=True)
 class ExtendPlan:
-    """Validated extend arguments plus the page count per request (`new_pages`) and whether any request
-    continues a partial page (`continues_page`; False: every request starts on a page boundary)."""
+    """Validated extend arguments plus the page count per request (`new_pages`, in all `num_new_pages`) and
+    whether any request continues a partial page (`continues_page`; False: all start on a page boundary)."""
 
     prefix_lens: np.ndarray
     seq_lens: np.ndarray
     last_locs: np.ndarray
     new_pages: np.ndarray
+    num_new_pages: int
     continues_page: bool
-
-    @property
-    def num_new_pages(self) -> int:
-        return int(self.new_pages.sum())
 
 
 def plan_extend(
     state: AllocatorState, prefix_lens: np.ndarray, seq_lens: np.ndarray, last_locs: np.ndarray
 ) -> ExtendPlan:
-    """Validate extend arguments (raises InvalidAllocRequestError) and count the new pages needed."""
+    """Validate extend arguments (raises InvalidAllocRequestError) and count the new pages needed.
+
+    Cost: O(1) numpy calls; one request (the scheduler's usual call) is checked with Python ints."""
     pre = np.asarray(prefix_lens, dtype=np.int64).reshape(-1)
     seq = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
     last = np.asarray(last_locs, dtype=np.int64).reshape(-1)
@@ -47,28 +46,58 @@ def plan_extend(
             f"prefix_lens, seq_lens and last_locs need one equal, non-zero length; got "
             f"{pre.shape}, {seq.shape}, {last.shape}"
         )
-    if (pre < 0).any() or (seq < pre).any() or int((seq - pre).sum()) <= 0:
-        raise InvalidAllocRequestError(
-            "need 0 <= prefix_len <= seq_len per request and at least one new token"
-        )
+    if pre.size == 1:
+        return _plan_one(state, pre, seq, last)
+    counts = seq - pre
+    num_tokens = int(counts.sum())
+    if ((pre < 0) | (counts < 0)).any() or num_tokens <= 0:
+        raise _bad_lengths()
     p = state.page_size
     if p == 1:  # every new position is a new page; nothing continues a partial page
-        return ExtendPlan(pre, seq, last, seq - pre, False)
+        return ExtendPlan(pre, seq, last, counts, num_tokens, False)
     partial = (pre % p) != 0
     continues_page = bool(partial.any())
     if continues_page:
         lp = last[partial]
         if (lp < p).any() or (lp >= state.slot_limit).any() or ((lp + 1) % p != pre[partial] % p).any():
-            raise InvalidAllocRequestError(
-                "last_locs must be the slot of position prefix_len - 1: an allocatable slot whose offset in "
-                f"its page is (prefix_len - 1) % page_size (page_size={p})"
-            )
+            raise _bad_last_locs(p)
         if A.is_slot_free(state, lp).any():
-            raise InvalidAllocRequestError(
-                "last_locs points at a page that is free: the request does not own it"
-            )
+            raise _free_last_locs()
     new_pages = -(-seq // p) - (-(-pre // p))
-    return ExtendPlan(pre, seq, last, new_pages, continues_page)
+    return ExtendPlan(pre, seq, last, new_pages, int(new_pages.sum()), continues_page)
+
+
+def _plan_one(state: AllocatorState, pre: np.ndarray, seq: np.ndarray, last: np.ndarray) -> ExtendPlan:
+    """`plan_extend`'s checks and counts for a single request, on Python ints."""
+    start, stop, last_loc = int(pre[0]), int(seq[0]), int(last[0])
+    if start < 0 or stop <= start:
+        raise _bad_lengths()
+    p = state.page_size
+    if p == 1:
+        return ExtendPlan(pre, seq, last, seq - pre, stop - start, False)
+    continues_page = start % p != 0
+    if continues_page:
+        if last_loc < p or last_loc >= state.slot_limit or (last_loc + 1) % p != start % p:
+            raise _bad_last_locs(p)
+        if A.is_slot_free(state, last).any():
+            raise _free_last_locs()
+    num_new_pages = -(-stop // p) - (-(-start // p))
+    return ExtendPlan(pre, seq, last, np.array([num_new_pages]), num_new_pages, continues_page)
+
+
+def _bad_lengths() -> InvalidAllocRequestError:
+    return InvalidAllocRequestError("need 0 <= prefix_len <= seq_len per request and at least one new token")
+
+
+def _bad_last_locs(page_size: int) -> InvalidAllocRequestError:
+    return InvalidAllocRequestError(
+        "last_locs must be the slot of position prefix_len - 1: an allocatable slot whose offset in "
+        f"its page is (prefix_len - 1) % page_size (page_size={page_size})"
+    )
+
+
+def _free_last_locs() -> InvalidAllocRequestError:
+    return InvalidAllocRequestError("last_locs points at a page that is free: the request does not own it")
 
 
 def slots_for_plan(plan: ExtendPlan, pages: np.ndarray, page_size: int) -> np.ndarray:
