@@ -305,16 +305,18 @@ class RadixCache(RadixRequestOps):
         less than one node, or fall short when everything left is locked. O(evicted nodes * log nodes)."""
         if self.disabled:
             return 0
-        evicted = 0
+        evicted, values = 0, []
         while evicted < num_tokens:
             leaf = self._lru.pop_lru()
             if leaf is None:
                 break
-            self.allocator.free(leaf.value)
+            values.append(leaf.value)
             evicted += leaf.num_units
             parent = leaf.parent
             self._remove_leaf(leaf)
             self._lru.push_if_evictable(parent)
+        if values:  # one allocator call for the whole eviction, slots in eviction order
+            self.allocator.free(np.concatenate(values) if len(values) > 1 else values[0])
         return evicted
 
     def evict_subtree(self, node: TreeNode) -> int:

@@ -97,7 +97,13 @@ def pages_to_slots(pages: np.ndarray, page_size: int) -> np.ndarray:
     """Every slot of these pages, page-major."""
     if page_size == 1:
         return pages.astype(SLOT_DTYPE, copy=False)
-    return (pages[:, None] * page_size + np.arange(page_size, dtype=SLOT_DTYPE)).reshape(-1)
+    offsets = _OFFSETS.get(page_size)
+    if offsets is None:
+        offsets = _OFFSETS[page_size] = np.arange(page_size, dtype=SLOT_DTYPE)
+    return (pages[:, None] * page_size + offsets).reshape(-1)
+
+
+_OFFSETS: dict[int, np.ndarray] = {}  # page_size -> arange(page_size), the slot offsets within a page
 
 
 def alloc_pages(state: AllocatorState, num_pages: int) -> tuple[AllocatorState, np.ndarray] | OutOfSlots:
@@ -164,10 +170,10 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     values = values.astype(PAGE_DTYPE, copy=False)
     if values.size < 2:
         return values
+    if (values[1:] < values[:-1]).all():  # first: pages reused LIFO come out of an alloc descending
+        return values[::-1]
     if (values[1:] > values[:-1]).all():
         return values
-    if (values[1:] < values[:-1]).all():
-        return values[::-1]
     values = np.sort(values)
     dup = values[1:] == values[:-1]
     if dup.any():
