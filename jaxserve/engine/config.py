@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerArgs:
@@ -26,7 +28,9 @@ class ServerArgs:
     reading step t's sampled ids (fed to t+1 on device), so host work overlaps device work; a request that
     stops on EOS / a stop string then computes one wasted token. random_seed: base of the seeds given to
     requests without one. warmup: compile every bucket shape at
-    start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text.
+    start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text. attention_backend: a name
+    registered in `jaxserve.layers.backends` (default `xla`; `native` is the slow reference), used for
+    the models the engine loads from `model_path` (a model passed in keeps the backend it was built with).
     speculative_algorithm: None, or "EAGLE3" (speculative decoding with an EAGLE-3 draft head, see
     `jaxserve.speculative.worker`; the overlap schedule is off on that path). speculative_draft_model_path:
     the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the
@@ -51,7 +55,7 @@ class ServerArgs:
     random_seed: int = 0
     warmup: bool = False
     skip_tokenizer_init: bool = False
-    attention_backend: str = "native"
+    attention_backend: str = DEFAULT_BACKEND
     speculative_algorithm: str | None = None
     speculative_draft_model_path: str | None = None
     speculative_num_steps: int = 3
@@ -78,6 +82,7 @@ class ServerArgs:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
         if self.speculative_algorithm is not None:
             self._check_speculative()
+        get_backend(self.attention_backend)  # ValueError listing the registered names
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={self.dtype!r}; choose auto, float32, bfloat16 or float16")
 

@@ -21,7 +21,7 @@ def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=())
     if args.model_path is None:
         raise InvalidRequestError("Engine needs model_path= (a checkpoint directory) or model=")
     model = load_model(args.model_path, dtype=None if args.dtype == "auto" else args.dtype,
-                       aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
+                       backend=args.attention_backend, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
     has_tokenizer = (Path(args.model_path) / "tokenizer.json").exists() and not args.skip_tokenizer_init
     return model, HFTokenizer(args.model_path) if has_tokenizer else None
 

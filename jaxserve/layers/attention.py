@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxserve.layers.attention_metadata import AttentionMetadata
-from jaxserve.layers.backends import get_backend
+from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
 from jaxserve.memory.kv_pool import KVPool
@@ -37,7 +37,7 @@ class AttentionConfig:
     sinks: bool = False
     logit_softcap: float | None = None
     scale: float | None = None
-    backend: str = "native"
+    backend: str = DEFAULT_BACKEND
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.loader.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
 from jaxserve.loader.safetensors_reader import SafetensorsFile, checkpoint_files
 from jaxserve.loader.weight_spec import ParamPath, WeightSpec
@@ -105,7 +106,7 @@ def _place(spec: WeightSpec, tensors: list[np.ndarray], param: nnx.Variable, fil
     return jax.device_put(value, sharding) if sharding is not None else jax.device_put(value)
 
 
-def load_model(directory: str | Path, *, dtype: str | None = None, backend: str = "native",
+def load_model(directory: str | Path, *, dtype: str | None = None, backend: str = DEFAULT_BACKEND,
                aux_hidden_state_layer_ids: Sequence[int] = (), sharding_for: ShardingFn | None = None,
                progress: bool = True) -> CausalLM:
     """config.json + safetensors in `directory` -> a ready model (parameters in `dtype`, default the

@@ -6,12 +6,13 @@ from collections.abc import Sequence
 
 from flax import nnx
 
+from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.decoder import CausalLM
 from jaxserve.models.registry import model_class
 
 
-def abstract_model(config: ModelConfig, *, backend: str = "native",
+def abstract_model(config: ModelConfig, *, backend: str = DEFAULT_BACKEND,
                    aux_hidden_state_layer_ids: Sequence[int] = ()) -> CausalLM:
     """The model with `jax.ShapeDtypeStruct` parameters (no compute, no memory): fill it with the loader."""
     cls = model_class(config.architecture)
@@ -19,7 +20,7 @@ def abstract_model(config: ModelConfig, *, backend: str = "native",
                                       aux_hidden_state_layer_ids=aux_hidden_state_layer_ids))
 
 
-def random_model(config: ModelConfig, *, seed: int = 0, backend: str = "native",
+def random_model(config: ModelConfig, *, seed: int = 0, backend: str = DEFAULT_BACKEND,
                  aux_hidden_state_layer_ids: Sequence[int] = ()) -> CausalLM:
     """The model with its modules' random initialisers (for tests and benchmarks without a checkpoint).
 

@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxserve.layers.attention import Attention, AttentionConfig
 from jaxserve.layers.attention_metadata import AttentionMetadata
+from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.layers.embedding import Embedding, soft_cap
 from jaxserve.layers.mlp import GatedMLP
 from jaxserve.layers.norm import RMSNorm
@@ -81,7 +82,7 @@ class CausalLM(nnx.Module):
     attention_sinks: bool = False
     ignored_tensors: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, backend: str = "native",
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, backend: str = DEFAULT_BACKEND,
                  aux_hidden_state_layer_ids: Sequence[int] = ()):
         dtype = config.jnp_dtype
         self.config = config

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.loader.errors import MissingTensorError
 from jaxserve.loader.load import load_params
 from jaxserve.loader.safetensors_reader import SafetensorsFile, checkpoint_files
@@ -36,7 +37,7 @@ def read_eagle3_config(directory: str | Path, *, target_num_layers: int | None =
 
 
 def load_eagle3_draft(directory: str | Path, *, target_num_layers: int | None = None,
-                      dtype: str | None = None, backend: str = "native",
+                      dtype: str | None = None, backend: str = DEFAULT_BACKEND,
                       progress: bool = False) -> Eagle3Draft:
     """config.json + safetensors in `directory` -> an `Eagle3Draft` (parameters in `dtype`, default the
     checkpoint's). Raises ConfigError, MissingTensorError (naming the tensor), UnexpectedTensorError,

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jaxserve.layers.attention_metadata import AttentionMetadata
-from jaxserve.layers.backends import get_backend
+from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
 from jaxserve.layers.mlp import GatedMLP
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
@@ -88,7 +88,7 @@ class Eagle3Draft(nnx.Module):
 
     ignored_tensors: tuple[str, ...] = ("embed_tokens.weight", "rotary_emb.inv_freq")
 
-    def __init__(self, config: Eagle3Config, *, rngs: nnx.Rngs, backend: str = "native"):
+    def __init__(self, config: Eagle3Config, *, rngs: nnx.Rngs, backend: str = DEFAULT_BACKEND):
         cfg = config
         dtype = cfg.jnp_dtype
         self.config = cfg
@@ -196,7 +196,7 @@ def make_draft_pool(config: Eagle3Config, num_pages: int, page_size: int, dtype=
     return make_kv_pool(1, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype)
 
 
-def random_draft(config: Eagle3Config, *, seed: int = 0, backend: str = "native",
+def random_draft(config: Eagle3Config, *, seed: int = 0, backend: str = DEFAULT_BACKEND,
                  vocab_map: tuple[np.ndarray, np.ndarray] | None = None) -> Eagle3Draft:
     """A draft with random parameters (init in one jitted call) and, if given, `(d2t, t2d)` set."""
     def make() -> Eagle3Draft:

@@ -19,4 +19,5 @@ def load_draft(args: ServerArgs):
     num_layers = None
     if args.model_path is not None and (Path(args.model_path) / "config.json").exists():
         num_layers = ModelConfig.from_file(args.model_path).num_layers
-    return load_eagle3_draft(args.speculative_draft_model_path, target_num_layers=num_layers)
+    return load_eagle3_draft(args.speculative_draft_model_path, target_num_layers=num_layers,
+                             backend=args.attention_backend)

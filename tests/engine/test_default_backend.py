@@ -1,0 +1,38 @@
+"""`xla` is the engine's default attention backend, and greedy outputs of the embedded model are the same
+under `xla` and `native` (both in this run: long prompts past the sliding window, chunked prefill,
+batched decodes)."""
+
+import pytest
+
+from jaxserve.assets import EMBEDDED_MODEL_DIR
+from jaxserve.engine import Engine
+from jaxserve.engine.config import ServerArgs
+from jaxserve.layers.backends import DEFAULT_BACKEND
+from tests.engine.conftest import prompts
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+
+
+def test_xla_is_the_default_backend_and_unknown_names_fail():
+    assert DEFAULT_BACKEND == "xla"
+    assert ServerArgs().attention_backend == "xla"
+    with pytest.raises(ValueError, match=r"unknown attention backend 'flashinfer'.*native.*xla"):
+        ServerArgs(attention_backend="flashinfer")
+
+
+def _engine(backend: str | None) -> Engine:
+    kwargs = {} if backend is None else {"attention_backend": backend}
+    return Engine(model_path=str(EMBEDDED_MODEL_DIR), max_total_tokens=1024, chunked_prefill_size=64,
+                  max_running_requests=4, **kwargs)
+
+
+@pytest.mark.slow
+def test_embedded_greedy_outputs_are_the_same_under_xla_and_native():
+    batch = prompts(5, [7, 90, 33, 150])  # the window is 32; 90 and 150 span several 64-token chunks
+    engines = {name: _engine(name) for name in (None, "native")}
+    assert {e.model.layers[0].attn.cfg.backend for e in engines.values()} == {"xla", "native"}
+    assert engines[None].model.layers[0].attn.cfg.backend == "xla"
+    outs = {name: [o["output_ids"] for o in e.generate(input_ids=batch, sampling_params=GREEDY)]
+            for name, e in engines.items()}
+    assert outs[None] == outs["native"]
+    assert all(len(o) == 12 for o in outs[None])
