@@ -16,7 +16,8 @@ a fresh cache, decode runs one token per sequence on a cache of the context crop
 Timing: after one untimed call per backend, up to `--repeats` calls per backend, interleaved in ABBA order
 (native, xla, hf, hf, xla, native, ...), each backend stopping early once its timed calls exceed
 `--budget-s`; the median is reported. `agree`: whether every backend's greedy next tokens (argmax of the
-step's sampled logits) are equal. Ratios: time / HF time. Compare ratios across machines, not times.
+step's sampled logits) are equal. Ratios: time / HF time; the last line gives each backend's decode time
+at 2,048-token contexts over that at 128. Compare ratios across machines, not times.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     header = ["work", *(f"{n} ms" for n in names), *(f"{n} / hf" for n in args.backends if hf), "agree"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
+    results: dict[str, dict[str, float]] = {}
     for row in args.rows:
         kind, num_seqs, num_tokens = ROWS[row]
         prompts = prompt_ids(num_seqs, num_tokens, vocab)
@@ -192,9 +194,14 @@ def main(argv: list[str] | None = None) -> None:
         if hf:
             calls["hf"] = hf.step(kind, prompts)
         medians, agree = time_row(calls, args.repeats, args.budget_s)
+        results[row] = medians
         cells = [LABELS[kind].format(n=num_tokens, b=num_seqs), *(f"{medians[n] * 1e3:,.1f}" for n in names)]
         cells += [f"{medians[n] / medians['hf']:.2f}x" for n in args.backends if hf]
         print("| " + " | ".join([*cells, "yes" if agree else "NO"]) + " |", flush=True)
+    if {"decode-8x128", "decode-8x2048"} <= set(results):
+        long, short = results["decode-8x2048"], results["decode-8x128"]
+        growth = ", ".join(f"{n} {long[n] / short[n]:.2f}x" for n in names)
+        print(f"decode step, 2,048- vs 128-token contexts: {growth}")
     print(f"(jax {jax.__version__}, {jax.devices()[0].platform}; medians of up to {args.repeats} calls)",
           file=sys.stderr)
 

@@ -27,7 +27,7 @@ VARIANTS = [
     (1, 5, True, 2.0, None, "query", 16, 8),
     (16, None, True, None, 0.7, "query", 16, 8),
     (16, 20, False, 1.5, None, "token", 16, 8),
-    (16, 5, True, None, None, None, None, 128),  # default block sizes, walk picked by shape
+    (16, 5, True, None, None, None, None, None),  # default block sizes, walk picked by shape
 ]
 
 

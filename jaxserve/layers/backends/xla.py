@@ -26,7 +26,7 @@ from jaxserve.memory.kv_pool import KVPool, from_storage, write_kv
 
 _MASKED = -1e30  # finite, so a fully masked block leaves the running max finite and its weights at 0
 TOKEN_WALK_TOKENS_PER_SEQ = 8  # token walk when T <= this * S (decodes, verify spans, draft trees)
-QUERY_BLOCK = 128  # tokens per query block in the query-block walk
+QUERY_BLOCK = 128  # most tokens per query block in the query-block walk (at least 16, about T / S)
 TOKEN_WALK_BLOCK_KEYS = 128  # key indices per block, by walk (rounded down to whole pages, at least one)
 QUERY_WALK_BLOCK_KEYS = 256
 
@@ -36,16 +36,17 @@ def ragged_paged_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, pool: KVPool, layer: int, meta: AttentionMetadata, *,
     use_swa_tables: bool = False, sliding_window: int | None = None, sinks: jax.Array | None = None,
     logit_softcap: float | None = None, scale: float | None = None, block_keys: int | None = None,
-    query_block: int = QUERY_BLOCK, walk: str | None = None,
+    query_block: int | None = None, walk: str | None = None,
 ) -> tuple[jax.Array, KVPool]:
     """Same contract as `native.paged_attention`: write `k, v [T, kv_heads, D]` into layer `layer`, then
     attend `q [T, q_heads, D]`; returns `(out [T, q_heads, D] in q's dtype, new_pool)`.
 
     `block_keys`: key indices per block (in tokens; None: by walk, and at most the window on the token walk;
     then at most the table's `max_kv_len`, rounded down to whole pages, at least one page).
-    `query_block`: tokens per query block of the query-block walk. `walk`: "token" or "query" forces a
-    loop (tests, benchmarks); None picks by shape (module docstring). Peak extra memory: one key block
-    per token (token walk) or per query block (query-block walk).
+    `query_block`: tokens per query block of the query-block walk (None: T / S tokens clipped to [16,
+    QUERY_BLOCK], so decodes mixed into a prefill step do not each pay for a large block of rows).
+    `walk`: "token" or "query" forces a loop (tests, benchmarks); None picks by shape (module docstring).
+    Peak extra memory: one key block per token (token walk) or per query block (query-block walk).
     """
     slots_new = meta.swa_write_slots if use_swa_tables else meta.write_slots
     table = meta.swa_page_table if use_swa_tables else meta.page_table
@@ -74,6 +75,8 @@ def ragged_paged_attention(
     if walk == "token":
         out = walker.token_walk(q, meta.seq_ids, lo, hi, meta.custom_mask)
     else:
+        if query_block is None:
+            query_block = max(16, min(QUERY_BLOCK, num_tokens // meta.num_seqs))
         out = walker.query_block_walk(q, meta.seq_ids, lo, hi, meta.custom_mask, query_block)
     return out, pool
 
@@ -127,6 +130,7 @@ class Walker:
         return half[..., 0, :]
 
     def scores(self, spec: str, q: jax.Array, keys: jax.Array) -> jax.Array:
+        """float32 `scale * einsum(spec, q, keys)`, soft-capped as `cap * tanh(s / cap)` when configured."""
         s = jnp.einsum(spec, q, keys.astype(q.dtype), preferred_element_type=jnp.float32) * self.scale
         if self.logit_softcap is not None:
             s = self.logit_softcap * jnp.tanh(s / self.logit_softcap)
