@@ -56,12 +56,14 @@ _README = """# jaxserve embedded default model
 
 A tiny gpt-oss-architecture target (`GptOssForCausalLM`: 4 layers alternating sliding-window 32 / full
 attention, sinks, 4-expert top-2 MoE, YaRN rotary, byte-level BPE vocab 1024) trained on the Python
-standard library's docstrings, and its EAGLE-3 head in `draft/` (SpecForge layout; captures the outputs of
-target layers 0, 1, 2). Served when no `--model-path` is given. Not a useful language model: a fixture
-that runs on a laptop CPU and exercises every code path of the real gpt-oss + EAGLE-3 pair.
+standard library's docstrings and the English prose of installed package descriptions and license texts
+(documents packed so that an end of text follows a few thousand characters, not every short paragraph),
+and its EAGLE-3 head in `draft/` (SpecForge layout; captures the outputs of target layers 0, 1, 2).
+Served when no `--model-path` is given. Not a useful language model: a fixture that runs on a laptop CPU
+and exercises every code path of the real gpt-oss + EAGLE-3 pair.
 
 Losses and throughput of the run that produced these files: `training.json`, `draft/training.json`.
-Retrain (offline, about 25 minutes on 2 CPU cores): `python -m jaxserve.training.build_embedded`.
+Retrain (offline, about 30 minutes on 2 CPU cores): `python -m jaxserve.training.build_embedded`.
 """
 
 

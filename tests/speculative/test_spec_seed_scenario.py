@@ -2,8 +2,9 @@
 
 Seed: prompts "You xxx", "You are xxx", ..., "You are a helpful, respectful and honest assistant xxx" (3 new
 tokens each) fill the prefix tree, then "You are a helpful, respectful and honest assistant." decodes 20
-tokens. With bigram keys, the cached prefix carries draft KV computed with the true next token, so the
-acc_length equals the one without the radix cache (and is > 1: the head is trained).
+tokens (the shipped model continues the prompt by itself: no ignore_eos). With bigram keys, the cached
+prefix carries draft KV computed with the true next token, so the acc_length equals the one without the
+radix cache (and is > 1.3, the PR's 1.33 on gpt-oss-20b: the head is trained).
 
 Control (test-only switch: the tree rebuilt with token keys, `jaxserve.bench.bigram_control`): each cached
 position's draft KV was written by the request that ended in the junk token (or a generated one) there, so it
@@ -29,6 +30,10 @@ Confirmation (960 cached positions): agreement 0.543 (bigram) vs 0.026 (token ke
 1.859, diff +0.169 +- 0.077 (10/19/3); first round +0.312 +- 0.158 (10/19/3), first 3 rounds +0.286 +- 0.087
 (16/12/4). Over 20 new tokens it fades: +0.152 +- 0.062 (19/8/5) here, and on the docstring families from
 +0.275 to +0.134 (cap 24) or to noise (cap 14): later rounds attend mostly to fresh KV.
+Those figures are from the pair trained on docstrings alone. On the pair retrained with English prose and
+packed documents (same families, same design): agreement 0.399 vs 0.027; acc_length 2.528 vs 2.112, diff
++0.416 +- 0.124 (14/15/3); first round +0.406 +- 0.148; so the test now asks for a difference above two
+standard errors.
 This test runs the confirmed design and asserts agreement and the paired mean acc_length difference.
 
 Runs against `jaxserve.assets.EMBEDDED_MODEL_DIR` (or the directory in JAXSERVE_SPEC_PAIR_DIR, with the head
@@ -62,14 +67,14 @@ def test_seed_scenario_acc_length_same_with_and_without_radix_cache():
         engine = make_engine(disable_radix_cache=no_radix)
         for k in range(1, len(words) + 1):
             engine.generate(" ".join(words[:k]) + " xxx", {**GREEDY, "max_new_tokens": 3})
-        # ignore_eos: the embedded model ends a document after "assistant." at once; decode all 20 tokens
-        out = engine.generate(SEED + ".", {**GREEDY, "max_new_tokens": 20, "ignore_eos": True})
+        out = engine.generate(SEED + ".", {**GREEDY, "max_new_tokens": 20})  # the model continues by itself
         assert (out["meta_info"]["cached_tokens"] > 0) != no_radix
+        assert out["meta_info"]["completion_tokens"] == 20
         acc[no_radix] = (out["meta_info"]["spec_accept_length"], out["output_ids"])
         engine.flush_cache()
     print(f"seed scenario acc_length: radix {acc[False][0]:.3f}, no radix {acc[True][0]:.3f}")
     assert acc[False][1] == acc[True][1]
-    assert acc[False][0] == acc[True][0] > 1
+    assert acc[False][0] == acc[True][0] > 1.3
 
 
 def test_control_token_keys_make_cached_draft_kv_stale():
@@ -91,12 +96,13 @@ def test_control_token_keys_make_cached_draft_kv_stale():
     assert r["identical_outputs"]  # greedy speculative decoding is lossless whatever the draft KV
     assert r["cached_positions"] >= 30 * len(prompts)
     assert r["agreement_token"] < r["agreement_bigram"]
-    assert acc["diff_mean"] > 0
+    assert acc["diff_mean"] > 2 * acc["diff_se"] > 0  # the confirmation criterion, not just a positive sign
 
 
 def test_pooled_acc_length_on_held_out_prompts():
     """>= 30 held-out corpus documents (the training split's complement), their first 32 tokens as prompts,
-    64 greedy tokens each with 2 steps (3 tokens verified per round): pooled acc_length >= 1.6."""
+    64 greedy tokens each with 2 steps (3 tokens verified per round): pooled acc_length >= 2.0 (2.30 measured
+    on the shipped pair; the pair trained on docstrings alone gave >= 1.6)."""
     from jaxserve.training.corpus import build_documents, is_heldout
 
     engine = make_engine()
@@ -108,4 +114,4 @@ def test_pooled_acc_length_on_held_out_prompts():
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     print(f"pooled acc_length over {len(prompts)} held-out prompts x 64 tokens: {tokens / rounds:.3f}")
-    assert tokens / rounds >= 1.6
+    assert tokens / rounds >= 2.0

@@ -40,3 +40,26 @@ def test_embedded_target_continues_a_docstring_sensibly():
     text = tok.decode(ids)
     assert text.startswith("Return the number of")
     assert sum(c.isalpha() or c.isspace() for c in text) / len(text) > 0.8
+
+
+PR_PROMPTS = ["You xxx", "You are xxx", "You are a xxx", "You are a helpful xxx", "You are a helpful, xxx",
+              "You are a helpful, respectful xxx", "You are a helpful, respectful and xxx",
+              "You are a helpful, respectful and honest xxx",
+              "You are a helpful, respectful and honest assistant xxx",
+              "You are a helpful, respectful and honest assistant.", "You are a helpful assistant."]
+
+
+def test_embedded_target_continues_ordinary_english_instead_of_ending():
+    """SGLang PR #11231's prompts: the greedy next token is never eos, and the test prompt continues for 20
+    tokens without one (the reference is a full-sequence forward per token, not the serving engine)."""
+    tok = HFTokenizer(EMBEDDED_DIR)
+    runner = Runner(load_model(EMBEDDED_DIR, progress=False))
+    eos = set(tok.eos_token_ids)
+    for prompt in PR_PROMPTS:
+        logits, _ = full_logits(runner, tok.encode(prompt, add_special_tokens=False))
+        assert int(np.argmax(logits[-1])) not in eos, prompt
+    ids = tok.encode(PR_PROMPTS[-2], add_special_tokens=False)
+    for _ in range(20):
+        logits, _ = full_logits(runner, ids)
+        ids.append(int(np.argmax(logits[-1])))
+        assert ids[-1] not in eos, tok.decode(ids)
