@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -105,10 +104,12 @@ class JaxserveStep:
 class HFStep:
     """transformers' model of the embedded checkpoint (eager attention and experts, float32)."""
 
-    def __init__(self):
+    def __init__(self, num_threads: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM
 
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(
             EMBEDDED_MODEL_DIR, attn_implementation="eager", dtype=torch.float32,
@@ -169,12 +170,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--backends", nargs="+", default=["native", "xla"])
     parser.add_argument("--repeats", type=int, default=5, help="most timed calls per backend and row")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch.set_num_threads for HF (default: torch's, one per core); 1 is fairer to "
+                             "HF when other processes load the cores (its threads spin-wait)")
     parser.add_argument("--budget-s", type=float, default=20.0,
                         help="a backend stops sampling a row once its timed calls exceed this")
     args = parser.parse_args(argv)
 
     steps = {name: JaxserveStep(name) for name in args.backends}
-    hf = HFStep() if args.compare_hf else None
+    hf = HFStep(args.torch_threads) if args.compare_hf else None
     vocab = next(iter(steps.values())).model.config.vocab_size
     names = [*args.backends, *(["hf"] if hf else [])]
     header = ["work", *(f"{n} ms" for n in names), *(f"{n} / hf" for n in args.backends if hf), "agree"]
@@ -202,8 +206,9 @@ def main(argv: list[str] | None = None) -> None:
         long, short = results["decode-8x2048"], results["decode-8x128"]
         growth = ", ".join(f"{n} {long[n] / short[n]:.2f}x" for n in names)
         print(f"decode step, 2,048- vs 128-token contexts: {growth}")
-    print(f"(jax {jax.__version__}, {jax.devices()[0].platform}; medians of up to {args.repeats} calls)",
-          file=sys.stderr)
+    threads = f", torch threads {hf.torch.get_num_threads()}" if hf else ""
+    print(f"(jax {jax.__version__}, {jax.devices()[0].platform}{threads}; medians of up to "
+          f"{args.repeats} calls)")
 
 
 if __name__ == "__main__":
