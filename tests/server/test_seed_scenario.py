@@ -90,8 +90,12 @@ def test_seed_scenario_same_answer_and_acc_length_with_and_without_radix(radix_o
     assert test_on["spec_verify_ct"] > 0 and max(test_on["spec_accept_lengths"]) > 0  # drafts accepted
     assert test_on["spec_accept_lengths"] == test_off["spec_accept_lengths"]
     expected = plain_greedy(TEST_PROMPT, stop=STOP)["text"]
-    text_lines = [out.rstrip("\n").split("\n")[:-5] for out in (out_on, out_off)]
+    # send_one prints the text, acc_length= and speed= lines, then a 5-line table
+    text_lines = [out.rstrip("\n").split("\n")[:-7] for out in (out_on, out_off)]
     assert text_lines[0] == text_lines[1] == expected.split("\n")
+    acc_lines = [out.rstrip("\n").split("\n")[-7] for out in (out_on, out_off)]
+    acc = test_on["completion_tokens"] / test_on["spec_verify_ct"]
+    assert acc_lines[0] == acc_lines[1] == f"acc_length={acc:.2f}"
     _, tokens_on, acc_on, _ = table_row(out_on)
     _, tokens_off, acc_off, _ = table_row(out_off)
     assert tokens_on == tokens_off and acc_on == acc_off

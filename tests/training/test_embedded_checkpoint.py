@@ -8,6 +8,7 @@ from jaxserve.loader.tokenizer import HFTokenizer
 from jaxserve.speculative.eagle3_checkpoint import load_eagle3_draft
 from jaxserve.training.export import EMBEDDED_DIR, SIZE_BUDGET_BYTES, directory_bytes
 from tests.models.helpers import Runner, full_logits
+from tests.server.test_pr11231_verbatim import PREFIX_PROMPTS, TEST_PROMPT
 
 
 def test_embedded_checkpoint_is_shipped():
@@ -42,11 +43,7 @@ def test_embedded_target_continues_a_docstring_sensibly():
     assert sum(c.isalpha() or c.isspace() for c in text) / len(text) > 0.8
 
 
-PR_PROMPTS = ["You xxx", "You are xxx", "You are a xxx", "You are a helpful xxx", "You are a helpful, xxx",
-              "You are a helpful, respectful xxx", "You are a helpful, respectful and xxx",
-              "You are a helpful, respectful and honest xxx",
-              "You are a helpful, respectful and honest assistant xxx",
-              "You are a helpful, respectful and honest assistant.", "You are a helpful assistant."]
+PR_PROMPTS = [*PREFIX_PROMPTS, TEST_PROMPT, "You are a helpful assistant."]
 
 
 def test_embedded_target_continues_ordinary_english_instead_of_ending():
@@ -58,7 +55,7 @@ def test_embedded_target_continues_ordinary_english_instead_of_ending():
     for prompt in PR_PROMPTS:
         logits, _ = full_logits(runner, tok.encode(prompt, add_special_tokens=False))
         assert int(np.argmax(logits[-1])) not in eos, prompt
-    ids = tok.encode(PR_PROMPTS[-2], add_special_tokens=False)
+    ids = tok.encode(TEST_PROMPT, add_special_tokens=False)
     for _ in range(20):
         logits, _ = full_logits(runner, ids)
         ids.append(int(np.argmax(logits[-1])))
