@@ -71,7 +71,8 @@ def build_engine(args: LaunchArgs):
     draft = load_draft(server_args) if server_args.speculative_algorithm is not None else None
     aux_ids = tuple(draft.config.aux_layer_ids) if draft is not None else ()  # layers the draft reads
     dtype = None if server_args.dtype == "auto" else server_args.dtype
-    model = load_model(model_path, dtype=dtype, aux_hidden_state_layer_ids=aux_ids)
+    model = load_model(model_path, dtype=dtype, backend=server_args.attention_backend,
+                       aux_hidden_state_layer_ids=aux_ids)
     return Engine(model_path=model_path, model=model, tokenizer=HFTokenizer(args.tokenizer_path),
                   draft_model=draft, **kwargs)
 
