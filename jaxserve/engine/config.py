@@ -29,8 +29,9 @@ class ServerArgs:
     stops on EOS / a stop string then computes one wasted token. random_seed: base of the seeds given to
     requests without one. warmup: compile every bucket shape at
     start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text. attention_backend: a name
-    registered in `jaxserve.layers.backends` (default `xla`; `native` is the slow reference), used for
-    the models the engine loads from `model_path` (a model passed in keeps the backend it was built with).
+    registered in `jaxserve.layers.backends` (default `native`, the reference; `xla` walks only the real
+    context), used for the models the engine loads from `model_path` (a model passed in keeps the backend
+    it was built with).
     speculative_algorithm: None, or "EAGLE3" (speculative decoding with an EAGLE-3 draft head, see
     `jaxserve.speculative.worker`; the overlap schedule is off on that path). speculative_draft_model_path:
     the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the

@@ -35,7 +35,7 @@ def test_gpu_kernel_names_pick_the_gpu_kernel_on_a_gpu_and_warn_on_a_cpu():
     on_gpu = resolve_attention_backend("triton", "gpu", WITH_KERNELS)
     assert (on_gpu.backend, on_gpu.fallback) == ("pallas_gpu", False)
     on_cpu = resolve_attention_backend("fa3", "cpu", WITH_KERNELS)
-    assert (on_cpu.backend, on_cpu.fallback) == ("xla", True) and "cannot run on cpu" in on_cpu.message
+    assert (on_cpu.backend, on_cpu.fallback) == ("native", True) and "cannot run on cpu" in on_cpu.message
     assert resolve_attention_backend("fa", "tpu", WITH_KERNELS).backend == "pallas_tpu"
 
 
@@ -47,6 +47,7 @@ def test_our_names_pass_through_where_they_run():
     assert "tpu only" in tpu_on_gpu.message
     missing = resolve_attention_backend("pallas_gpu", "gpu", CPU_ONLY)
     assert (missing.backend, missing.fallback) == ("xla", True)
+    assert resolve_attention_backend("fa3", "cpu", ["xla"]).backend == "xla"  # the next registered one
 
 
 def test_an_unknown_name_is_an_error_listing_the_known_ones():

@@ -4,9 +4,13 @@ A backend is a callable with the signature of `native.paged_attention`: it write
 layer of a pool group, then attends every query token over its sequence's cached keys, and returns
 `(out [T, q_heads, head_dim], new_pool)`. Accelerator kernels register themselves with
 `@register_backend("name")`; models pick one by name. `native` is the plain-JAX reference (gathers every
-key index of the page table per token) and the test oracle; `xla` is ragged paged attention in plain JAX
-(work follows the real context) and `DEFAULT_BACKEND`: the CPU path, and the fallback on accelerators
-where no kernel applies.
+key index of the page table per token), the test oracle and, for now, `DEFAULT_BACKEND`; `xla` is ragged
+paged attention in plain JAX (work follows the real context), chosen with `attention_backend="xla"`.
+
+Why `xla` is not the default yet: a long pytest process (the speculative suite, one process) that runs the
+engine on `xla` dies with a segmentation fault inside JAX's persistent compilation cache while it
+serializes a later, unrelated executable; the same process on `native` passes. Until that is understood,
+the dependable backend is the default.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 AttentionBackend = Callable[..., Any]
 
 _BACKENDS: dict[str, AttentionBackend] = {}
-DEFAULT_BACKEND = "xla"
+DEFAULT_BACKEND = "native"
 
 
 def register_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend]:
