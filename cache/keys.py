@@ -182,3 +182,15 @@ def tree_key(
             raise ValueError("a bigram key was passed to a tree built with eagle=False")
         return token_ids.as_bigram() if eagle else token_ids
     return RadixKey.of(token_ids, bigram=eagle, extra_key=extra_key)
+
+
+def tree_key_and_bytes(
+    token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None, *, eagle: bool
+) -> tuple[RadixKey, bytes]:
+    """`tree_key` plus the key's token bytes, validating a raw token list only once (both trees' match and
+    insert prepare their key here, once per call)."""
+    if isinstance(token_ids, RadixKey):
+        key = tree_key(token_ids, extra_key, eagle=eagle)
+        return key, key.tokens.tobytes()
+    tokens, token_bytes = token_array_and_bytes(token_ids)
+    return RadixKey(tokens, eagle, extra_key), token_bytes

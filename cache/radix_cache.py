@@ -41,7 +41,7 @@ import numpy as np
 from cache.allocator import SlotAllocator
 from cache.errors import EvictLockedError, LockError, ValueLengthError
 from cache.eviction import LeafHeap
-from cache.keys import RadixKey, check_page_aligned, token_array_and_bytes, tree_key
+from cache.keys import RadixKey, check_page_aligned, tree_key, tree_key_and_bytes
 from cache.match import MatchResult, common_units
 from cache.node import TreeNode
 from cache.node_base import _TOKEN_BYTES, drop_all
@@ -120,16 +120,6 @@ class RadixCache(RadixRequestOps):
         namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
         return tree_key(token_ids, extra_key, eagle=self.eagle)
 
-    def _prepare(
-        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None
-    ) -> tuple[RadixKey, bytes]:
-        """`make_key` plus the key's token bytes (see `cache.keys.token_array_and_bytes`)."""
-        if isinstance(token_ids, RadixKey):
-            key = self.make_key(token_ids, extra_key)
-            return key, key.tokens.tobytes()
-        tokens, token_bytes = token_array_and_bytes(token_ids)
-        return RadixKey(tokens, self.eagle, extra_key), token_bytes
-
     # ------------------------------------------------------------------ match / insert
     def _walk(
         self, key: RadixKey, token_bytes: bytes, num_units: int
@@ -182,7 +172,7 @@ class RadixCache(RadixRequestOps):
         or allocates. Under EAGLE a key of n tokens matches at most n - 1 slots (R5). Cost: O(nodes visited)
         Python steps plus C-speed compares of the matched tokens.
         """
-        return self._match(*self._prepare(token_ids, extra_key))
+        return self._match(*tree_key_and_bytes(token_ids, extra_key, eagle=self.eagle))
 
     def _match(self, key: RadixKey, token_bytes: bytes) -> MatchResult:
         """`match_prefix` of a prepared key (`token_bytes` are its tokens' bytes)."""
@@ -213,7 +203,7 @@ class RadixCache(RadixRequestOps):
         (more is allowed only under EAGLE) and be whole pages in order. Bad input raises before any change.
         Disabled tree: stores nothing, returns 0 (the caller keeps every slot).
         """
-        return self._insert(*self._prepare(token_ids, extra_key), slots)
+        return self._insert(*tree_key_and_bytes(token_ids, extra_key, eagle=self.eagle), slots)
 
     def _insert(self, key: RadixKey, token_bytes: bytes, slots: Sequence[int] | np.ndarray) -> int:
         """`insert` of a prepared key (`token_bytes` are its tokens' bytes)."""

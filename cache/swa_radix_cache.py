@@ -45,7 +45,7 @@ import numpy as np
 
 from cache.allocator import SWASlotAllocator
 from cache.errors import ValueLengthError
-from cache.keys import RadixKey, check_page_aligned, token_array_and_bytes, tree_key
+from cache.keys import RadixKey, check_page_aligned, tree_key, tree_key_and_bytes
 from cache.lru_list import LRUList
 from cache.match import MatchResult, common_units
 from cache.node_base import _TOKEN_BYTES, drop_all
@@ -148,16 +148,6 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         namespace. A given RadixKey keeps its own namespace; passing a different `extra_key` raises."""
         return tree_key(token_ids, extra_key, eagle=self.eagle)
 
-    def _prepare(
-        self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None
-    ) -> tuple[RadixKey, bytes]:
-        """`make_key` plus the key's token bytes (see `cache.keys.token_array_and_bytes`)."""
-        if isinstance(token_ids, RadixKey):
-            key = self.make_key(token_ids, extra_key)
-            return key, key.tokens.tobytes()
-        tokens, token_bytes = token_array_and_bytes(token_ids)
-        return RadixKey(tokens, self.eagle, extra_key), token_bytes
-
     def _child_key(self, token_bytes: bytes, pos: int, extra_key: Hashable | None) -> Hashable:
         start = pos * _TOKEN_BYTES
         head = token_bytes[start : start + (self.page_size + self.eagle) * _TOKEN_BYTES]
@@ -201,7 +191,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         refreshes the LRU order of the answer's path; never frees or allocates. Under EAGLE a key of n
         tokens matches at most n - 1 slots. Cost: O(nodes visited) plus C-speed compares of matched tokens.
         """
-        return self._match(*self._prepare(token_ids, extra_key))
+        return self._match(*tree_key_and_bytes(token_ids, extra_key, eagle=self.eagle))
 
     def _match(self, key: RadixKey, token_bytes: bytes) -> MatchResult:
         """`match_prefix` of a prepared key (`token_bytes` are its tokens' bytes)."""
@@ -259,7 +249,8 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         pages.
         Bad input raises before any change. Disabled tree: stores and frees nothing, returns 0.
         """
-        return self._insert(*self._prepare(token_ids, extra_key), slots, prev_prefix_len)
+        key, token_bytes = tree_key_and_bytes(token_ids, extra_key, eagle=self.eagle)
+        return self._insert(key, token_bytes, slots, prev_prefix_len)
 
     def _insert(
         self, key: RadixKey, token_bytes: bytes, slots: Sequence[int] | np.ndarray, prev_prefix_len: int

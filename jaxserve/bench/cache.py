@@ -1,8 +1,8 @@
-"""Prefix-cache benchmark on the shared-prefix workload of the reference doc's Appendix B.
+"""Prefix-cache benchmark on a shared-prefix workload (many requests reusing a few long system prompts).
 
     python -m jaxserve.bench.cache                 # 2,000 requests, all rows (several minutes on one core)
     python -m jaxserve.bench.cache --requests 200  # quick run
-    python -m jaxserve.bench.cache --tree-only     # time only match_prefix + insert, as Appendix B did
+    python -m jaxserve.bench.cache --tree-only     # time only match_prefix + insert per request
 
 Workload: N requests of 200-2,000 tokens, each a random 10-100% prefix of one of 50 random 2,000-token
 "system prompts" plus a random suffix; pools of 2^19 slots (full and SWA), W = 512 for the SWA tree.
@@ -252,7 +252,8 @@ class _Node:
 
 
 class SGLangStyleTree:
-    """SGLang 0.5.3.post1's `RadixCache` algorithm (reference §5-§9), with its request path (§7, §19)."""
+    """SGLang 0.5.3.post1's `RadixCache` algorithm (list keys, Python compares, leaf scan per eviction),
+    with its request path (admission match and lock, finish insert, duplicate and tail frees)."""
 
     def __init__(self, page_size: int, eagle: bool) -> None:
         self.page_size, self.eagle = page_size, eagle
@@ -422,7 +423,8 @@ class _SWANode:
 
 
 class SGLangStyleSWATree:
-    """SGLang 0.5.3.post1's `SWARadixCache` algorithm (reference §10-§15), with its request path."""
+    """SGLang 0.5.3.post1's `SWARadixCache` algorithm (full and SWA LRU lists, tombstones, the window rule),
+    with its request path."""
 
     def __init__(self, page_size: int, eagle: bool) -> None:
         self.page_size, self.eagle, self.window = page_size, eagle, SLIDING_WINDOW

@@ -24,6 +24,19 @@ def key_slots(page_table: jax.Array, page_size: int) -> jax.Array:
     return (page_table[:, :, None] * page_size + offsets).reshape(num_seqs, max_pages * page_size)
 
 
+def write_slots_and_table(meta: AttentionMetadata, pool: KVPool,
+                          use_swa_tables: bool) -> tuple[jax.Array, jax.Array]:
+    """The step's write slots and page table for this layer's pool (the SWA pair when `use_swa_tables`),
+    checked against the pool: ValueError when the metadata lacks the SWA pair or the page sizes differ."""
+    slots_new = meta.swa_write_slots if use_swa_tables else meta.write_slots
+    table = meta.swa_page_table if use_swa_tables else meta.page_table
+    if slots_new is None or table is None:
+        raise ValueError("use_swa_tables=True but the metadata has no swa_write_slots/swa_page_table")
+    if pool.page_size != meta.page_size:
+        raise ValueError(f"KV pool page_size {pool.page_size} != metadata page_size {meta.page_size}")
+    return slots_new, table
+
+
 def visibility_mask(meta: AttentionMetadata, sliding_window: int | None) -> jax.Array:
     """bool `[T, max_kv_len]`: which key indices each query token may attend to."""
     key_idx = jnp.arange(meta.max_kv_len, dtype=jnp.int32)[None, :]
@@ -51,12 +64,7 @@ def paged_attention(
     page table's `max_pages * page_size` key indices (blocks are used when `token_block` divides T).
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    slots_new = meta.swa_write_slots if use_swa_tables else meta.write_slots
-    table = meta.swa_page_table if use_swa_tables else meta.page_table
-    if slots_new is None or table is None:
-        raise ValueError("use_swa_tables=True but the metadata has no swa_write_slots/swa_page_table")
-    if pool.page_size != meta.page_size:
-        raise ValueError(f"KV pool page_size {pool.page_size} != metadata page_size {meta.page_size}")
+    slots_new, table = write_slots_and_table(meta, pool, use_swa_tables)
 
     pool = write_kv(pool, layer, slots_new, k, v)
     token_slots = key_slots(table, meta.page_size)[meta.seq_ids]  # [T, K]

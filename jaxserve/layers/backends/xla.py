@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from jaxserve.layers.attention_metadata import AttentionMetadata
 from jaxserve.layers.backends import register_backend
+from jaxserve.layers.backends.native import write_slots_and_table
 from jaxserve.memory.kv_pool import KVPool, from_storage, write_kv
 
 _MASKED = -1e30  # finite, so a fully masked block leaves the running max finite and its weights at 0
@@ -48,12 +49,7 @@ def ragged_paged_attention(
     `walk`: "token" or "query" forces a loop (tests, benchmarks); None picks by shape (module docstring).
     Peak extra memory: one key block per token (token walk) or per query block (query-block walk).
     """
-    slots_new = meta.swa_write_slots if use_swa_tables else meta.write_slots
-    table = meta.swa_page_table if use_swa_tables else meta.page_table
-    if slots_new is None or table is None:
-        raise ValueError("use_swa_tables=True but the metadata has no swa_write_slots/swa_page_table")
-    if pool.page_size != meta.page_size:
-        raise ValueError(f"KV pool page_size {pool.page_size} != metadata page_size {meta.page_size}")
+    slots_new, table = write_slots_and_table(meta, pool, use_swa_tables)
     if walk not in (None, "token", "query"):
         raise ValueError(f"walk={walk!r}; choose 'token', 'query' or None")
     pool = write_kv(pool, layer, slots_new, k, v)  # write first: reading the old pool would force a copy
