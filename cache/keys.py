@@ -7,8 +7,8 @@ exactly when their token arrays share `m + 1` leading tokens. Slicing units `[a,
 tokens `[a, b + 1)`, so consecutive slices overlap by one boundary token.
 
 Deliberate difference from SGLang: keys are immutable values. `match_prefix` / `insert` never rewrite the
-caller's key in place (SGLang converts `key.token_ids` to bigram tuples in place, §22.3); a key carries its
-mode, and converting is `key.as_bigram()`, idempotent and O(1).
+caller's key in place (SGLang converts `key.token_ids` to bigram tuples in place, so a caller reusing the key
+saw it change); a key carries its mode, and converting is `key.as_bigram()`, idempotent and O(1).
 """
 
 from __future__ import annotations

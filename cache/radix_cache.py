@@ -1,12 +1,12 @@
 """The plain (full-attention) prefix tree: token prefixes -> the full slots that hold their KV.
 
-Behaviour follows SGLang 0.5.3.post1's `RadixCache` (reference doc §5-§9): `match_prefix` splits nodes and
-refreshes LRU stamps, `insert` returns how much of the key was already cached (the caller owns those duplicate
-slots), eviction removes least-recently-used unlocked leaves and cascades to parents that become leaves, and
-`inc_lock_ref` / `dec_lock_ref` move whole root paths between the evictable and protected counts. The
-request-level operations (`admit`, `cache_unfinished_req`, `cache_finished_req`, `release_req`) are shared
-with the SWA tree (`cache.request_ops`); this tree's part is in `cache.radix_requests`, correct where SGLang
-is not (§23, see there).
+Behaviour follows SGLang 0.5.3.post1's `RadixCache` (the rules are in `cache/README.md`, "Matching" to "Locks
+and eviction"): `match_prefix` splits nodes and refreshes LRU stamps, `insert` returns how much of the key was
+already cached (the caller owns those duplicate slots), eviction removes least-recently-used unlocked leaves
+and cascades to parents that become leaves, and `inc_lock_ref` / `dec_lock_ref` move whole root paths between
+the evictable and protected counts. The request-level operations (`admit`, `cache_unfinished_req`,
+`cache_finished_req`, `release_req`) are shared with the SWA tree (`cache.request_ops`); this tree's part is
+in `cache.radix_requests`, correct where SGLang is not (see there).
 
 Units: all lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (then a key of `n` tokens has
 `n - 1` units, each holding the slot of its first token). Slots are full-attention slot ids (int64). With

@@ -41,7 +41,8 @@ def check_radix_invariants(cache: Any, live_reqs: Iterable[Any] = ()) -> dict[st
     """Raise InvariantError on any broken rule; else return the ownership counts.
 
     Returns `{'free', 'tree', 'live_only'}` in slots when `page_size == 1`, else
-    `{'free_pages', 'tree_pages', 'live_only_pages'}` (the units of SGLang's demo, reference Appendix A).
+    `{'free_pages', 'tree_pages', 'live_only_pages'}` (the units of SGLang's demo, `cache/README.md` "Appendix
+    A").
     """
     page_size = cache.page_size
     evictable = protected = 0

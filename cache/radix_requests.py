@@ -6,14 +6,15 @@ The plain `insert` frees nothing: it returns how many leading units were already
 slots for `[L, returned)` (`L = req.last_matched_prefix_len`) are duplicates that the request operations free
 and replace by the tree's (after the re-match).
 
-Correct where SGLang 0.5.3.post1 is not (reference §8, §23): SGLang takes the duplicate range to free as
-`kv[len(prefix_indices) (-1 under EAGLE) : new_prefix_len]`. With `page_size > 1` that start can fall inside a
-page whose first slots the request still uses, and the page-granular free then releases them (a slot both free
-and live). Here the range always starts at `L`, the page-aligned end of what the tree owned, so a duplicate
-range is whole pages the request owns, and the request's slots for them are replaced by the tree's. Matched
-lengths and accounting equal SGLang's in the reference's worked examples (§7, §8, Appendix A); the two can
-only differ where SGLang's own free breaks the ownership rule. Also deliberate: `cache_finished_req` and
-`release_req` free every private slot, including any the caller allocated beyond the tokens with KV.
+Correct where SGLang 0.5.3.post1 is not (`cache/README.md`, "Where we differ from SGLang"): SGLang takes the
+duplicate range to free as `kv[len(prefix_indices) (-1 under EAGLE) : new_prefix_len]`. With `page_size > 1`
+that start can fall inside a page whose first slots the request still uses, and the page-granular free then
+releases them (a slot both free and live). Here the range always starts at `L`, the page-aligned end of what
+the tree owned, so a duplicate range is whole pages the request owns, and the request's slots for them are
+replaced by the tree's. Matched lengths and accounting equal SGLang's in its worked examples
+(`cache/README.md`, "Appendix A"); the two can only differ where SGLang's own free breaks the ownership rule.
+Also deliberate: `cache_finished_req` and `release_req` free every private slot, including any the caller
+allocated beyond the tokens with KV.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ class CachedReq:
         appends slots it allocates; `cache_unfinished_req` may replace duplicates by the tree's slots, and the
         caller must then copy the changed range to the device page table.
     prefix_len: SGLang's `len(req.prefix_indices)`: leading positions the request does not recompute. Slots
-        `kv_slots[:prefix_len]` are tree-owned except the private tail described in the reference doc §8
-        (EAGLE at P=1: one slot; P>1: the partial last page).
+        `kv_slots[:prefix_len]` are tree-owned except a private tail a chunk leaves behind (EAGLE at P=1: the
+        last computed token's slot, whose bigram is not final; P>1: the partial last page).
     last_matched_prefix_len: how many leading slots the tree owns (and the lock covers) after the last
         match/re-match.
     last_node: the deepest node the request's lock covers (the tree's root when nothing is locked).

@@ -45,9 +45,10 @@ class RequestOps:
         return num_units - num_units % self.page_size
 
     def admit(self, req: CachedReq, fill_ids: Sequence[int] | np.ndarray) -> int:
-        """Match `fill_ids[:-1]` (at least one token is always recomputed, §19), lock the match (the lock id
-        goes to `req.lock_id`), and set `req.kv_slots` to the matched (tree-owned) slots. Returns the matched
-        length (units = slots; under EAGLE at most `len(fill_ids) - 2`).
+        """Match `fill_ids[:-1]` (at least one token is always recomputed, so the step has a position to
+        sample from), lock the match (the lock id goes to `req.lock_id`), and set `req.kv_slots` to the
+        matched (tree-owned) slots. Returns the matched length (units = slots; under EAGLE at most
+        `len(fill_ids) - 2`).
 
         The caller then allocates slots for the positions from `req.prefix_len` on and appends them to
         `req.kv_slots` (they are the request's). Raises RequestStateError if `req` already holds slots.

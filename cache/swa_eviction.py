@@ -1,5 +1,5 @@
-"""Eviction in the SWA tree: `evict(full_num_tokens, swa_num_tokens)`'s two phases (reference doc §14), and
-`evict_subtree` (drop a whole unlocked subtree now).
+"""Eviction in the SWA tree: `evict(full_num_tokens, swa_num_tokens)`'s two phases (`cache/README.md`, "SWA
+eviction"), and `evict_subtree` (drop a whole unlocked subtree now).
 
 Phase 1 (full), only when `full_num_tokens > 0`: walk the full LRU list from its least recent end over
 unlocked leaves; free each leaf (full + SWA slots, counted on both sides), then cascade upward over parents

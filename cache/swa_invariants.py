@@ -5,11 +5,12 @@ one tree node (tombstones included), or the private tail `kv_slots[last_matched_
 request.
 SWA side: every SWA page is either free, or mapped from exactly one full page of a live (non-tombstone) node
 or of a live request's private tail; a tombstone's pages map to 0 (S7). With `page_size == 1` pages are slots.
-Tree (reference doc §10): S1 `full_lock_ref >= swa_lock_ref >= 0`, S2/S3 LRU list membership, S4 no leaf is a
-tombstone, S5 a tombstone holds no SWA lock, S6 evictable + protected sizes, S7 the mapping; plus structure
-(child keys, parents, key/value lengths, whole pages, bigram continuity, one namespace per path) and, for each
-live request, `kv_slots[:last_matched_prefix_len]` equal to the slots on its locked path, full locks on that
-path and SWA locks on its last window. Cost: O(nodes + pool) with numpy; for tests and debugging only.
+Tree (`cache/README.md`, "SWA tree: data model"): S1 `full_lock_ref >= swa_lock_ref >= 0`, S2/S3 LRU list
+membership, S4 no leaf is a tombstone, S5 a tombstone holds no SWA lock, S6 evictable + protected sizes, S7
+the mapping; plus structure (child keys, parents, key/value lengths, whole pages, bigram continuity, one
+namespace per path) and, for each live request, `kv_slots[:last_matched_prefix_len]` equal to the slots on its
+locked path, full locks on that path and SWA locks on its last window. Cost: O(nodes + pool) with numpy; for
+tests and debugging only.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def _exclusive(kind: str, groups: dict[str, np.ndarray], num_total: int | None) 
 
 def check_swa_invariants(tree: Any, live_reqs: Iterable[Any] = ()) -> dict[str, int]:
     """Raise InvariantError on any broken rule; else return slot counts `{'free', 'tree', 'live_only',
-    'swa_free'}` (the units of SGLang's demo, reference Appendix A). Pool sizes are checked for leaks when
-    the allocator exposes `num_pages` / `num_swa_pages`."""
+    'swa_free'}` (the units of SGLang's demo, `cache/README.md` "Appendix A"). Pool sizes are checked for
+    leaks when the allocator exposes `num_pages` / `num_swa_pages`."""
     page_size, alloc = tree.page_size, tree.allocator
     nodes = _check_tree(tree)
     private = _check_requests(tree, live_reqs)

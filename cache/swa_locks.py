@@ -1,4 +1,4 @@
-"""Locks of the SWA tree (reference doc §13): a lock full-locks a node's whole root path against eviction and
+"""Locks of the SWA tree: a lock full-locks a node's whole root path against eviction and
 SWA-locks only its last `sliding_window` units (whole nodes) against SWA eviction (tombstoning).
 
 `inc_lock_ref` walks up from the node; the node where the SWA coverage reaches the window gets a `swa_uuid`

@@ -6,7 +6,7 @@ ordered pages. The sliding-window (SWA) KV of those positions lives in the SWA s
 behind `value`, unless the node is a *tombstone*: then its SWA KV was freed and the mapping is 0, while the
 full KV is kept.
 
-Invariants between calls (reference doc §10; proved by `SWARadixCache.check_invariants`):
+Invariants between calls (proved by `SWARadixCache.check_invariants`):
 - S1 `full_lock_ref >= swa_lock_ref >= 0`; S5 a tombstone has `swa_lock_ref == 0`;
 - S2 every non-root node is in the full LRU list; S3 it is in the SWA LRU list iff it is not a tombstone;
 - S4 a leaf is never a tombstone;
@@ -61,7 +61,8 @@ class SWANode(NodeBase):
         self.tombstone = tombstone
         self.full_lock_ref = 0
         self.swa_lock_ref = 0
-        # Set on the node where an `inc_lock_ref` walk's SWA coverage reached the window (reference doc §13).
+        # Set on the node where an `inc_lock_ref` walk's SWA coverage reached the window; an unlock
+        # SWA-unlocks from its start up to the node carrying the uuid it was given.
         self.swa_uuid: int | None = None
         self.full_link = LRULink(self)
         self.swa_link = LRULink(self)

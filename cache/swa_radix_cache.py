@@ -3,17 +3,17 @@
 Every node holds full-attention slots; the allocator maps each full slot to an SWA slot that holds the SWA
 layers' KV of the same position. SWA memory is scarcer, so SWA eviction may *tombstone* an interior node:
 its SWA KV is freed (mapping -> 0) while its full KV stays. A prefix is reusable only if the SWA layers still
-see a whole window of history before the first new token, hence the sliding-window match rule (§11):
+see a whole window of history before the first new token, hence the sliding-window match rule:
 a match may end at node N only if the path root..N has no tombstone, or the live nodes after its last
 tombstone hold at least `sliding_window` units; otherwise it falls back to just before that tombstone.
 
-Behaviour follows SGLang 0.5.3.post1's `SWARadixCache` with PR #11231 (EAGLE bigram keys; reference doc
-§10-§15): two intrusive LRU lists (full: all nodes, SWA: live nodes) ordered so that ancestors are older than
-the descendants on a touched path (SWA eviction tombstones root-side nodes first), `insert` frees the caller's
-duplicates beyond `prev_prefix_len` itself and revives tombstones it overlaps. The request operations insert
-(and re-match) even when a request computed no new whole page, as SGLang does, so its path is refreshed in
-both lists; skipping that could tombstone a node a request still shares instead of evicting an older leaf.
-This file holds the data
+Behaviour follows SGLang 0.5.3.post1's `SWARadixCache` with PR #11231 (EAGLE bigram keys; the rules are in
+`cache/README.md`, "SWA tree: data model" to "SWA request operations"): two intrusive LRU lists (full: all
+nodes, SWA: live nodes) ordered so that ancestors are older than the descendants on a touched path (SWA
+eviction tombstones root-side nodes first), `insert` frees the caller's duplicates beyond `prev_prefix_len`
+itself and revives tombstones it overlaps. The request operations insert (and re-match) even when a request
+computed no new whole page, as SGLang does, so its path is refreshed in both lists; skipping that could
+tombstone a node a request still shares instead of evicting an older leaf. This file holds the data
 model, match, insert and split; swa_uuid locks are in `cache.swa_locks`, the two-phase
 `evict(full_num_tokens, swa_num_tokens)` in `cache.swa_eviction`, the request-level operations in
 `cache.request_ops` (shared with the plain tree; this tree's part in `cache.swa_requests`), and
@@ -23,15 +23,15 @@ Units: lengths are key *units*: tokens, or EAGLE bigrams when `eagle=True` (a ke
 units, unit `i` holding the slot of token `i`). Slots are *full* slot ids; `page_size = P > 1` makes every
 node whole pages and floors matches to pages. The window `sliding_window` is in units too.
 
-Deliberate differences from SGLang (each keeps the ownership rule G1/G2 where SGLang breaks it, §23):
+Deliberate differences from SGLang (each keeps the ownership rule G1/G2 where SGLang breaks it):
 - Tombstone revival keeps the node's full slots and moves the caller's fresh SWA slots behind them
   (`allocator.move_swa`), then frees the caller's now redundant full slots. SGLang 0.5.3.post1 instead freed
-  the node's old full slots, which a live request beyond its window may still read (§23.2). Matched lengths
+  the node's old full slots, which a live request beyond its window may still read. Matched lengths
   and accounting are the same.
 - `insert` never frees a caller slot equal to the node's own slot at that position (a caller that passes back
   slots it matched, with `prev_prefix_len=0`, loses nothing); revival needs slots that all differ.
 - A tombstone partly below `prev_prefix_len` is split there and only the part at or beyond it is revived.
-- Keys are immutable (no in-place bigram conversion, §22.3); `reset` frees the tree's slots; bad input raises
+- Keys are immutable (no in-place bigram conversion); `reset` frees the tree's slots; bad input raises
   before anything changes; the match rule resets its window counter at every tombstone (as later SGLang).
 Not thread-safe: one scheduler thread owns the tree.
 """
@@ -318,7 +318,8 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
     def _split(self, child: SWANode, num_units: int) -> SWANode:
         """Cut `child` after `num_units` units; return the new upper node. `child` stays the lower part (so a
         request's `last_node` keeps meaning the same path). Both halves keep the lock counts and the tombstone
-        flag; the swa_uuid moves up (§13). Accounting is unchanged. LRU: upper, then child, become MRU."""
+        flag; the swa_uuid moves up (a later unlock from below stops at the same node). Accounting is
+        unchanged. LRU: upper, then child, become MRU."""
         parent = child.parent
         old_child_key = child.child_key(self.page_size)
         upper = SWANode(child.key.units(0, num_units), child.value[:num_units], parent, child.tombstone)

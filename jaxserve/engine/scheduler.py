@@ -11,7 +11,7 @@ Each `schedule()` builds one ragged step of at most `max_tokens` tokens:
    retracted): `admit` matches and locks the longest cached prefix, the rest is prefilled in chunks.
 After the step, `process` appends sampled tokens, caches every prefill chunk (`cache_unfinished_req`, also
 the last one, so that later arrivals match a running request's prompt) and finished requests
-(`cache_finished_req`). Cache call sites follow reference doc §19.
+(`cache_finished_req`). The cache call sites are SGLang's (`cache/README.md`, "Scheduler call sites").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """gpt-oss mixture of experts: top-k router with bias, clamped SwiGLU experts with interleaved gate/up.
 
-Facts (reference eagle3-gptoss.md section 1.3):
+The computation (as in the Hugging Face and SGLang gpt-oss implementations):
 - router logits = x @ W_r^T + b_r; take the k largest raw logits; the routing weights are a softmax over
   those k values only (not over all experts).
 - expert e: gu = x @ gate_up_proj[e] + gate_up_proj_bias[e], width 2*I, columns interleaved

@@ -1,6 +1,6 @@
 """MXFP4 (OCP microscaling FP4) dequantization for gpt-oss expert weights, in numpy on the host.
 
-Checkpoint layout (reference eagle3-gptoss.md section 1.4): for a weight with `rows` output rows and
+Checkpoint layout (the gpt-oss Hub checkpoints): for a weight with `rows` output rows and
 `cols = G * 32` input columns per expert,
 - `<name>_blocks` uint8 [E, rows, G, 16]: 32 E2M1 codes per block, two per byte; in byte j the low nibble
   is element 2j and the high nibble element 2j+1;

@@ -15,12 +15,12 @@ returns `float(bits) * scale` in `read_dtype`.
 Donation: the `*_donated` entry points (in `ops`) donate the pool; the input array is deleted and the
 output aliases its buffer, so a write costs O(tokens written), never O(pool). Inside a larger jitted
 step, write a layer's K/V before reading that layer, or XLA inserts a full copy of the pool
-(jax-on-cpu.md section 3). Also measured on jax 0.10.2 CPU: in a Python-unrolled layer loop, a read
-of layer l that the write of layer l + 1 does not depend on makes XLA copy the whole pool once per layer
-(it cannot order the two in place), and so does a `lax.cond` choosing which pool to write. A real model
-is safe (layer l + 1's K/V depend on layer l's attention output; the llama step compiles to no copy), as
-is a `lax.scan` over layers whose body writes then reads (even two pools per iteration, one SWA + one
-full layer). Tests assert "no HLO copy of the pool's shape" on the compiled step.
+(a read of the old pool after the write forces XLA to keep both). Also measured on jax 0.10.2 CPU: in a
+Python-unrolled layer loop, a read of layer l that the write of layer l + 1 does not depend on makes XLA
+copy the whole pool once per layer (it cannot order the two in place), and so does a `lax.cond` choosing which
+pool to write. A real model is safe (layer l + 1's K/V depend on layer l's attention output; the llama step
+compiles to no copy), as is a `lax.scan` over layers whose body writes then reads (even two pools per
+iteration, one SWA + one full layer). Tests assert "no HLO copy of the pool's shape" on the compiled step.
 Out-of-range slots are dropped on write and read as zeros (the host must never pass them).
 """
 

@@ -1,7 +1,7 @@
 """gpt-oss: the generic decoder with attention biases, one learned sink logit per head on every layer,
 YaRN rotary, alternating sliding (window 128 keys incl. self) / full layers, and a top-k MoE as the MLP.
 
-Facts: reference eagle3-gptoss.md section 1. The config carries `layer_types`, `sliding_window`,
+The config (Hugging Face `GptOssConfig`) carries `layer_types`, `sliding_window`,
 `rope_parameters` (yarn, `truncate: false`), `num_local_experts`, `num_experts_per_tok`, `swiglu_limit`,
 `swiglu_alpha`. Expert weights load from plain tensors (`mlp.experts.gate_up_proj [E, H, 2I]`, ...) or, when
 `quantization_config.quant_method` is `mxfp4` (the Hub checkpoints), from `*_blocks` / `*_scales` pairs,

@@ -1,10 +1,10 @@
 """Load and save EAGLE-3 heads in the SpecForge/EAGLE Hugging Face layout.
 
-Layout (reference eagle3-gptoss.md section 2.2): `config.json` (`draft_vocab_size`,
-`eagle_config.eagle_aux_hidden_state_layer_ids`, Llama fields) and safetensors with `fc.weight`,
-`midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` (int64), `t2d` (bool); an `embed_tokens.weight`, if
-present, is ignored (the target's embedding is used). SGLang's own layout (`model.` prefix, fused qkv) is
-not read: its tensors are reported as unexpected.
+Layout (SpecForge's checkpoints, e.g. an EAGLE-3 head for gpt-oss on the Hub): `config.json`
+(`draft_vocab_size`, `eagle_config.eagle_aux_hidden_state_layer_ids`, Llama fields) and safetensors with
+`fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t` (int64), `t2d` (bool); an
+`embed_tokens.weight`, if present, is ignored (the target's embedding is used). SGLang's own layout (`model.`
+prefix, fused qkv) is not read: its tensors are reported as unexpected.
 """
 
 from __future__ import annotations

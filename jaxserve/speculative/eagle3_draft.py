@@ -1,7 +1,7 @@
 """EAGLE-3 draft head (SGLang `LlamaForCausalLMEagle3`, SpecForge/EAGLE checkpoints) in Flax NNX.
 
 Per token the draft takes the target embedding `e` of its input token and a hidden state `h_in`
-(facts: reference eagle3-gptoss.md section 2.2):
+(as SGLang's `LlamaForCausalLMEagle3` computes it):
 1. `h = fc(h_in)` when `h_in` is the concatenation of the target's captured hidden states (width
    `len(aux_layer_ids) * target_hidden`); a later draft step passes the draft's own `hidden`-wide output and
    fc is skipped (decided statically from the width).

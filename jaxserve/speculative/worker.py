@@ -1,7 +1,7 @@
 """`EagleWorker`: EAGLE-3 speculative decoding inside the engine (chain drafting; tree drafting in
 `draft_tree`), verified by greedy matching or exact rejection sampling (`rejection.verify_tree`).
 
-State of a decoding request with `n = num_computed` (facts: reference eagle3-gptoss.md section 3): target
+State of a decoding request with `n = num_computed` (SGLang's EAGLE worker keeps the same one): target
 KV and draft KV at positions `[0, n)`, the last token `x` (position n) known but not computed, and from the
 draft's last step its best next tokens (`d1` for position n + 1) with the draft hidden state that produced
 them. That state stays on device (`draft_state`): a round reads its rows with an index array, no sync.

@@ -5,14 +5,14 @@ target continues each one (`jaxserve.training.generate`, half the rows greedy, h
 draft must predict the target, not the corpus. The draft vocabulary is the `--draft-vocab-size` most
 frequent target tokens of that generated text (`jaxserve.speculative.vocab_map`).
 
-Recipe (reference eagle3-gptoss.md 5.2): the frozen target gives, per position t, the captured states
-aux_t and logits. Step k = 0..K-1 of the unroll, at every t: input token x_{t+1+k}, hidden fc(aux_t) at
-k = 0 and the draft's own pre-norm output of step k-1 after, rotary position t + k; the query attends to
-the step-0 keys at positions <= t and to its own position's keys of steps 1..k (what the draft sees when
-serving a chain); the teacher is softmax(target logits at t+1+k restricted to the draft vocabulary),
-positions whose target argmax is outside it are masked out; loss = sum_k 0.8^k * cross-entropy_k.
-Reported per step k: top-1 agreement = argmax(draft) mapped through d2t == argmax(target), on held-out
-generated text. The shared embedding (the target's) stays frozen; AdamW as for the target.
+Recipe (EAGLE-3's training-time test, as in the EAGLE reference trainer and SpecForge): the frozen target
+gives, per position t, the captured states aux_t and logits. Step k = 0..K-1 of the unroll, at every t: input
+token x_{t+1+k}, hidden fc(aux_t) at k = 0 and the draft's own pre-norm output of step k-1 after, rotary
+position t + k; the query attends to the step-0 keys at positions <= t and to its own position's keys of steps
+1..k (what the draft sees when serving a chain); the teacher is softmax(target logits at t+1+k restricted to
+the draft vocabulary), positions whose target argmax is outside it are masked out; loss = sum_k 0.8^k *
+cross-entropy_k. Reported per step k: top-1 agreement = argmax(draft) mapped through d2t == argmax(target), on
+held-out generated text. The shared embedding (the target's) stays frozen; AdamW as for the target.
 
     python -m jaxserve.training.draft --target build/embedded/target --corpus build/embedded/corpus \
         --out build/embedded/draft --steps 600 --minutes 8

@@ -1,5 +1,6 @@
 """RadixKey: validation, units (tokens / EAGLE bigrams), slicing, child keys, and `match_units` against a
-brute-force tuple model (§2-§4 of the reference doc; SGLang's TestRadixKey cases that apply to our API)."""
+brute-force tuple model (the rules of "Keys" in `cache/README.md`; SGLang's TestRadixKey cases that apply to
+our API)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_init_basic_and_with_extra_key() -> None:
 )
 def test_len_counts_units(tokens: list[int], num_tokens: int, num_bigrams: int) -> None:
     assert len(RadixKey.of(tokens)) == num_tokens
-    assert len(RadixKey.of(tokens, bigram=True)) == num_bigrams  # to_bigram([t]) = [] (§4.1)
+    assert len(RadixKey.of(tokens, bigram=True)) == num_bigrams  # a single token has no bigram
     assert RadixKey.of(tokens, bigram=True).num_tokens == len(tokens)  # tokens stored once
 
 

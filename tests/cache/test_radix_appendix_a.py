@@ -1,4 +1,4 @@
-"""Reference doc Appendix A, full-tree rows, reproduced number for number (SGLang 0.5.3.post1 on CPU).
+"""`cache/README.md` "Appendix A", full-tree rows, reproduced number for number (SGLang 0.5.3.post1 on CPU).
 
 Nine requests "sentence[:k] + xxx" (k = 1..9), each admitted, prefilled, decoded to outputs [900, 901, 902]
 and finished in turn, on a 256-slot pool; then a chunked-prefill run (chunk = 3) of a 12-token prompt.

@@ -1,5 +1,6 @@
-"""RadixCache basics: the cases of SGLang's `test_radix_cache_unit.py` (reference §20.3) that apply, and
-the §5/§6 examples. Tests insert fresh slots from a checked allocator and check ownership at the end."""
+"""RadixCache basics: the cases of SGLang's `test_radix_cache_unit.py` that apply, and
+the examples of "Matching" and "Inserting and splitting" in `cache/README.md`. Tests insert fresh slots from a
+checked allocator and check ownership at the end."""
 
 from __future__ import annotations
 
@@ -186,7 +187,7 @@ def test_advanced_prefix_match_with_node_splits(page_size: int) -> None:
 
 
 def test_match_splits_node_example_p1() -> None:
-    """§5: [1..5] -> slots; matching [1,2,3,9] splits into [1,2,3] + [4,5] and ends at the upper node."""
+    """[1..5] -> slots; matching [1,2,3,9] splits into [1,2,3] + [4,5] and ends at the upper node."""
     cache, alloc = make_cache(64)
     slots = alloc.alloc(5)
     cache.insert([1, 2, 3, 4, 5], slots)
@@ -199,7 +200,7 @@ def test_match_splits_node_example_p1() -> None:
 
 
 def test_match_truncates_and_splits_example_p4() -> None:
-    """§5: P=4, tree [1..8]; [1..7] matches 4; [1,2,3,4,5,6,9,9] matches 4 and splits [1..8] in two pages."""
+    """P=4, tree [1..8]; [1..7] matches 4; [1,2,3,4,5,6,9,9] matches 4 and splits [1..8] in two pages."""
     cache, alloc = make_cache(64, 4)
     slots = alloc.alloc(8)
     cache.insert(list(range(1, 9)), slots)
@@ -213,7 +214,7 @@ def test_match_truncates_and_splits_example_p4() -> None:
 
 
 def test_insert_ending_mid_node_splits_and_returns_full_length() -> None:
-    """§6.3 / §22.8: with [1,2,3,4] cached, inserting [1,2] splits it into [1,2] + [3,4] and returns 2."""
+    """With [1,2,3,4] cached, inserting [1,2] splits it into [1,2] + [3,4] and returns 2."""
     cache, alloc = make_cache(64)
     cache.insert([1, 2, 3, 4], alloc.alloc(4))
     dup = alloc.alloc(2)

@@ -1,5 +1,6 @@
-"""The reference doc's §22 checklist items that apply to the plain tree, the worked examples of §4.3, §7, §8,
-and the §23 ownership defect (SGLang frees a page a chunked EAGLE request still uses; we must not)."""
+"""Edge cases of the plain tree (keys under EAGLE and pages, finishing, chunked prefill, splits, locks,
+eviction), the worked examples of `cache/README.md`, and the ownership defect of "Where we differ from SGLang"
+(SGLang frees a page a chunked EAGLE request still uses; we must not)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def slots_of(cache, tokens) -> list[int]:
     return cache.match_prefix(tokens).slots.tolist()
 
 
-# ---------------------------------------------------------------- §22.1-4: keys under EAGLE and pages
+# ---------------------------------------------------------------- keys under EAGLE and pages
 @pytest.mark.parametrize("tokens", [[], [7]])
 def test_eagle_empty_and_one_token_keys_match_nothing_insert_nothing(tokens: list[int]) -> None:
     cache, alloc = make_cache(16, eagle=True)
@@ -33,11 +34,11 @@ def test_bigram_conversion_is_idempotent_and_never_mutates_the_callers_key() -> 
     key = RadixKey.of([1, 2, 3, 4])
     slots = alloc.alloc(3)
     cache.insert(key, slots)
-    assert not key.bigram and key.tokens.tolist() == [1, 2, 3, 4]  # §22.3: deliberate difference
+    assert not key.bigram and key.tokens.tolist() == [1, 2, 3, 4]  # deliberate difference: keys are immutable
     assert slots_of(cache, key) == slots.tolist()
     assert (
         slots_of(cache, key.as_bigram()) == slots.tolist()
-    )  # §22.2: already-bigram keys are not re-converted
+    )  # already-bigram keys are not re-converted
     assert slots_of(cache, key.as_bigram().as_bigram()) == slots.tolist()
 
 
@@ -48,7 +49,7 @@ def test_bigram_key_given_to_a_token_tree_is_rejected() -> None:
 
 
 def test_eagle_worked_example_r1_to_r5() -> None:
-    """§4.3: [a..e] with slots s0..s4; EAGLE stores 4 bigrams (s0..s3); [a..f] matches 4 (5 without EAGLE)."""
+    """[a..e] with slots s0..s4; EAGLE stores 4 bigrams (s0..s3); [a..f] matches 4 (5 without EAGLE)."""
     for eagle, stored, matched in ((False, 5, 5), (True, 4, 4)):
         cache, alloc = make_cache(16, eagle=eagle)
         s = alloc.alloc(5)
@@ -62,7 +63,7 @@ def test_eagle_worked_example_r1_to_r5() -> None:
 
 @pytest.mark.parametrize(("eagle", "query_len"), [(False, 7), (True, 8)])
 def test_page_truncation_in_match(eagle: bool, query_len: int) -> None:
-    """§22.4: P=4: a 7-token query matches at most 4; under EAGLE an 8-token query (7 bigrams) too."""
+    """P=4: a 7-token query matches at most 4; under EAGLE an 8-token query (7 bigrams) too."""
     cache, alloc = make_cache(64, 4, eagle)
     tokens = list(range(1, 14))
     units = 12
@@ -71,7 +72,7 @@ def test_page_truncation_in_match(eagle: bool, query_len: int) -> None:
     cache.check_invariants()
 
 
-# ---------------------------------------------------------------- §7 / §22.5: finishing
+# ---------------------------------------------------------------- finishing
 def run_finish(page_size: int, eagle: bool, num_kv: int) -> tuple[list[int], CheckedAllocator, object]:
     """A request whose prompt has `num_kv` tokens with KV plus one sampled token; finished at once."""
     cache, alloc = make_cache(64, page_size, eagle)
@@ -88,8 +89,8 @@ def run_finish(page_size: int, eagle: bool, num_kv: int) -> tuple[list[int], Che
     [(1, True, 5, 4), (4, False, 10, 8), (4, True, 9, 8), (4, True, 8, 4), (4, False, 8, 8)],
 )
 def test_finish_stores_page_floor_of_kv_len(page_size: int, eagle: bool, num_kv: int, stored: int) -> None:
-    """§7: keep floor((n - eagle) / P) * P slots; free the rest (an EAGLE request at a page multiple drops a
-    whole page, §22.5)."""
+    """Keep floor((n - eagle) / P) * P slots; free the rest (an EAGLE request at a page multiple drops a whole
+    page)."""
     kv, alloc, cache = run_finish(page_size, eagle, num_kv)
     assert cache.total_size() == stored
     tree_slots = np.concatenate([n.value for n in cache.iter_nodes()]).tolist()
@@ -99,8 +100,8 @@ def test_finish_stores_page_floor_of_kv_len(page_size: int, eagle: bool, num_kv:
 
 
 def test_finish_frees_duplicates_inserted_meanwhile() -> None:
-    """§7 example: P=1 EAGLE, [a,b,c,d]+[x,y]; admitted with 1 bigram, meanwhile (b,c) got cached elsewhere:
-    the request's slot for (b,c) is a duplicate and is freed."""
+    """The "Finishing a request" example: P=1 EAGLE, [a,b,c,d]+[x,y]; admitted with 1 bigram, meanwhile (b,c)
+    got cached elsewhere: the request's slot for (b,c) is a duplicate and is freed."""
     a, b, c, d, x, y = 1, 2, 3, 4, 5, 6
     cache, alloc = make_cache(64, eagle=True)
     s_ab = alloc.alloc(1)
@@ -123,15 +124,15 @@ def test_finish_frees_duplicates_inserted_meanwhile() -> None:
     }  # (a,b),(b,77),(b,c),(c,d),(d,x)
 
 
-# ---------------------------------------------------------------- §8 / §22.10-11: chunked prefill
+# ---------------------------------------------------------------- chunked prefill
 def test_chunked_eagle_p1_worked_example() -> None:
-    """§8: chunk = 3 over [a..g] under EAGLE, P = 1, then finish with output [x]."""
+    """Chunk = 3 over [a..g] under EAGLE, P = 1, then finish with output [x]."""
     prompt = [11, 12, 13, 14, 15, 16, 17]
     cache, _ = make_cache(64, eagle=True)
     sim = admit(cache, prompt)
     assert prefill(cache, sim, 3)
     s = sim.req.kv_slots.tolist()
-    assert (sim.req.last_matched_prefix_len, sim.req.prefix_len) == (2, 3)  # s2 is private (§22.10)
+    assert (sim.req.last_matched_prefix_len, sim.req.prefix_len) == (2, 3)  # s2 is private
     assert slots_of(cache, prompt[:3]) == s[:2]
     assert prefill(cache, sim, 3)
     s = sim.req.kv_slots.tolist()
@@ -146,7 +147,7 @@ def test_chunked_eagle_p1_worked_example() -> None:
 
 
 def test_chunked_p4_keeps_the_partial_page_private() -> None:
-    """§22.11: the partial trailing page stays with the request and the next chunk continues it."""
+    """The partial trailing page stays with the request and the next chunk continues it."""
     cache, _ = make_cache(64, 4)
     prompt = list(range(1, 11))
     sim = admit(cache, prompt)
@@ -168,7 +169,7 @@ def test_chunked_p4_keeps_the_partial_page_private() -> None:
 
 @pytest.mark.parametrize("eagle", [False, True])
 def test_chunked_request_replaces_duplicates_by_tree_slots(eagle: bool) -> None:
-    """§22.9: units the tree got from another request meanwhile are freed from the chunked request and its
+    """Units the tree got from another request meanwhile are freed from the chunked request and its
     kv_slots point at the tree's slots; the returned range says which positions changed."""
     cache, _ = make_cache(64, 1, eagle)
     prompt = list(range(1, 13))
@@ -191,7 +192,7 @@ def test_chunked_request_replaces_duplicates_by_tree_slots(eagle: bool) -> None:
 
 @pytest.mark.parametrize("page_size", [4, 16])
 def test_upstream_defect_chunked_eagle_paged_duplicate_page_is_never_freed_while_used(page_size: int) -> None:
-    """§23.1: request A is chunked mid-page under EAGLE; B caches the same prompt; A's next chunk finds its
+    """Request A is chunked mid-page under EAGLE; B caches the same prompt; A's next chunk finds its
     pages duplicated. SGLang frees `kv[len(prefix_indices) - 1 : new]`, which starts inside A's page while
     A's row keeps its first slots: one page both free and live. We free A's whole duplicate pages and
     repoint A."""
@@ -217,7 +218,7 @@ def test_upstream_defect_chunked_eagle_paged_duplicate_page_is_never_freed_while
     cache.check_invariants()
 
 
-# ---------------------------------------------------------------- §22.7, 12, 13: splits, locks, eviction
+# ---------------------------------------------------------------- splits, locks, eviction
 def test_split_during_match_keeps_lock_refs_and_accounting() -> None:
     cache, alloc = make_cache(64)
     cache.insert([1, 2, 3, 4, 5], alloc.alloc(5))
@@ -234,7 +235,7 @@ def test_split_during_match_keeps_lock_refs_and_accounting() -> None:
 
 
 def test_eviction_is_lru_over_leaves_and_cascades_to_parents() -> None:
-    """§9 / §22.12: least recently used leaf first; a parent left childless goes in the same call; a node
+    """Least recently used leaf first; a parent left childless goes in the same call; a node
     is freed whole, so the count may exceed the request."""
     cache, alloc = make_cache(64)
     for tokens in ([1, 2, 3], [1, 2, 4, 5], [6, 7]):
@@ -280,7 +281,7 @@ def test_many_touches_keep_the_lazy_heap_bounded() -> None:
     assert cache.evict(1) == 2 and slots_of(cache, [1, 2]) == [1, 2]  # [3,4] was least recently used
 
 
-# ---------------------------------------------------------------- §22.21-22, 24-25
+# ---------------------------------------------------------------- page validity, extra keys, disabled tree
 def test_paged_values_must_be_whole_pages_outside_page_zero() -> None:
     from cache import InvalidSlotsError, PageAlignmentError
 
@@ -333,7 +334,7 @@ def test_release_keeps_tree_slots_and_frees_private_ones() -> None:
     ("eagle", "page_size", "reused"), [(False, 1, 8), (True, 1, 7), (False, 4, 8), (True, 4, 4)]
 )
 def test_admission_caps(eagle: bool, page_size: int, reused: int) -> None:
-    """§22.6: a fully cached prompt of length L is reused up to L - 1 tokens (L - 2 under EAGLE), floored to
+    """A fully cached prompt of length L is reused up to L - 1 tokens (L - 2 under EAGLE), floored to
     pages: at least one token is always recomputed (it produces the logits to sample from)."""
     prompt = list(range(1, 10))
     cache, _ = make_cache(64, page_size, eagle)

@@ -1,4 +1,4 @@
-"""Reference doc Appendix A, SWA rows, number for number (SGLang 0.5.3.post1 run on CPU).
+"""`cache/README.md` "Appendix A", SWA rows, number for number (SGLang 0.5.3.post1 run on CPU).
 
 Scenario: 9 prompts "You", "You are", ... (tokens 100..108), each followed by "xxx" (109), each decoded to
 the output [900, 901, 902] and finished, one after the other. Pools: 256 full slots and 128 SWA slots (the
@@ -121,8 +121,8 @@ def test_chunked_prefill_runs_match_sglang_numbers(page_size: int, eagle: bool) 
 
 
 def test_chunked_eagle_p1_keeps_one_private_slot_per_chunk() -> None:
-    """§8 example (P=1, EAGLE, chunk 3, prompt a..g): after each chunk the tree holds len-1 bigrams, the
-    request privately keeps the last token's slot, and `prefix_len` counts it."""
+    """"Chunked prefill" example (P=1, EAGLE, chunk 3, prompt a..g): after each chunk the tree holds len-1
+    bigrams, the request privately keeps the last token's slot, and `prefix_len` counts it."""
     tree, alloc = make_swa(64, 64, window=2, eagle=True)
     prompt = list(range(10, 17))
     req = CachedReq(last_node=tree.root)

@@ -1,5 +1,6 @@
-"""Reference doc §22's checklist, the items that apply to the SWA tree (the allocator-only items 19-23 are
-covered by `CheckedSWAAllocator` and the ownership checks), plus the disabled mode and `pretty()`."""
+"""Edge cases of the SWA tree: keys under EAGLE and pages, splits, duplicate frees, chunks, extra keys (the
+allocator-only cases are covered by `CheckedSWAAllocator` and the ownership checks), plus the disabled mode
+and `pretty()`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tests.cache.swa_sim import extend_slots, make_swa
 
 
 def test_eagle_empty_and_one_token_keys() -> None:
-    """§22.1: a 1-token key has no bigram: match gives root/0, insert stores nothing; the caller keeps its
+    """A 1-token key has no bigram: match gives root/0, insert stores nothing; the caller keeps its
     slot (and frees it)."""
     tree, alloc = make_swa(16, 16, window=2, eagle=True)
     slots, node = tree.match_prefix([5])
@@ -25,7 +26,7 @@ def test_eagle_empty_and_one_token_keys() -> None:
 
 
 def test_bigram_key_is_idempotent_and_callers_key_is_not_mutated() -> None:
-    """§22.2/§22.3: a key already in bigram form is not converted again; ours never rewrites the caller's
+    """A key already in bigram form is not converted again; ours never rewrites the caller's
     key or array (deliberate difference from SGLang's in-place conversion)."""
     tree, alloc = make_swa(32, 32, window=2, eagle=True)
     tokens = np.array([1, 2, 3, 4, 5])
@@ -39,7 +40,7 @@ def test_bigram_key_is_idempotent_and_callers_key_is_not_mutated() -> None:
 
 @pytest.mark.parametrize(("eagle", "query_len"), [(False, 7), (True, 8)])
 def test_paged_match_is_floored_to_pages(eagle: bool, query_len: int) -> None:
-    """§22.4: P=4: a 7-token query (or 8 tokens = 7 bigrams) matches at most 4."""
+    """P=4: a 7-token query (or 8 tokens = 7 bigrams) matches at most 4."""
     tree, alloc = make_swa(64, 64, window=4, page_size=4, eagle=eagle)
     tokens = list(range(1, 14))
     units = 12
@@ -51,7 +52,7 @@ def test_paged_match_is_floored_to_pages(eagle: bool, query_len: int) -> None:
 
 @pytest.mark.parametrize(("eagle", "kept"), [(False, 8), (True, 4)])
 def test_page_multiple_finish_drops_a_page_under_eagle(eagle: bool, kept: int) -> None:
-    """§22.5: n = 8 computed tokens at P = 4: non-EAGLE keeps 8, EAGLE keeps 4 and frees the second page."""
+    """N = 8 computed tokens at P = 4: non-EAGLE keeps 8, EAGLE keeps 4 and frees the second page."""
     tree, _alloc = make_swa(64, 64, window=4, page_size=4, eagle=eagle)
     req = CachedReq(last_node=tree.root)
     prompt = list(range(1, 8))
@@ -63,7 +64,7 @@ def test_page_multiple_finish_drops_a_page_under_eagle(eagle: bool, kept: int) -
 
 
 def test_match_split_keeps_locks_and_accounting_and_inherits_tombstone() -> None:
-    """§22.7: a split made by a match keeps lock counts on both halves and changes no accounting; a split
+    """A split made by a match keeps lock counts on both halves and changes no accounting; a split
     tombstone gives two tombstones."""
     tree, alloc = make_swa(64, 64, window=2)
     tree.insert([1, 2, 3, 4], alloc.alloc(4))
@@ -93,7 +94,7 @@ def test_match_split_keeps_locks_and_accounting_and_inherits_tombstone() -> None
 
 
 def test_insert_ending_mid_node_splits_and_returns_its_length() -> None:
-    """§22.8."""
+    """With [1,2,3,4] cached, inserting [1,2] splits it and returns 2."""
     tree, alloc = make_swa(32, 32, window=2)
     tree.insert([1, 2, 3, 4], alloc.alloc(4))
     dup = alloc.alloc(2)
@@ -103,7 +104,7 @@ def test_insert_ending_mid_node_splits_and_returns_its_length() -> None:
 
 
 def test_insert_frees_duplicates_only_beyond_prev_prefix_len_and_never_the_nodes_own() -> None:
-    """§22.9: the SWA insert frees the caller's duplicates itself, from prev_prefix_len on; slots equal to
+    """The SWA insert frees the caller's duplicates itself, from prev_prefix_len on; slots equal to
     the node's own are the tree's and are never freed (a caller passing back what it matched is safe)."""
     tree, alloc = make_swa(32, 32, window=2)
     first = alloc.alloc(4)
@@ -118,7 +119,7 @@ def test_insert_frees_duplicates_only_beyond_prev_prefix_len_and_never_the_nodes
 
 
 def test_chunked_paged_request_keeps_its_partial_page() -> None:
-    """§22.11: after a chunk at P=4, prefix_len counts the partial page, which stays the request's."""
+    """After a chunk at P=4, prefix_len counts the partial page, which stays the request's."""
     tree, _alloc = make_swa(64, 64, window=4, page_size=4)
     prompt = list(range(1, 12))
     req = CachedReq(last_node=tree.root)
@@ -134,7 +135,7 @@ def test_chunked_paged_request_keeps_its_partial_page() -> None:
 
 
 def test_extra_keys_never_share_nodes() -> None:
-    """§22.24."""
+    """The same tokens under different extra keys never share a node."""
     tree, alloc = make_swa(32, 32, window=2)
     a, b = alloc.alloc(3), alloc.alloc(3)
     assert tree.insert([1, 2, 3], a, extra_key="lora1") == 0
@@ -150,7 +151,7 @@ def test_extra_keys_never_share_nodes() -> None:
 
 
 def test_disabled_tree_caches_nothing_and_request_ops_free_directly() -> None:
-    """§22.25: same API; matches are empty, locks are no-ops, finishing frees every slot of the request."""
+    """Same API; matches are empty, locks are no-ops, finishing frees every slot of the request."""
     tree, alloc = make_swa(32, 32, window=2, disabled=True)
     slots = alloc.alloc(3)
     assert tree.insert([1, 2, 3], slots) == 0

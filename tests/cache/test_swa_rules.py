@@ -1,6 +1,6 @@
-"""The SWA tree's own rules, on the reference doc's worked examples: the sliding-window match rule (§11),
-locks and swa_uuid (§13), the two eviction phases and the tombstone cascade (§14), and revival (§12), plus
-the upstream ownership defect of §23.2 that revival must not repeat."""
+"""The SWA tree's own rules on the worked examples of `cache/README.md`: the sliding-window match rule, locks
+and swa_uuid, the two eviction phases and the tombstone cascade, and revival, plus the upstream ownership
+defect that revival must not repeat ("Where we differ from SGLang")."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def build_abc(window: int, tombstone: str) -> tuple[SWARadixCache, CheckedSWAAll
 
 @pytest.mark.parametrize(("window", "matched"), [(4, 8), (5, 8), (6, 0)])
 def test_window_rule_example_1_tombstone_at_root_side(window: int, matched: int) -> None:
-    """§11 ex. 1: A(3,T) B(2) C(3): 5 live units after the tombstone; enough for W <= 5, else nothing."""
+    """Window rule example 1: A(3,T) B(2) C(3): 5 live units after the tombstone; enough for W <= 5, else
+    nothing."""
     tree, _ = build_abc(window, "A")
     slots, node = tree.match_prefix(A + B + C)
     assert slots.shape[0] == matched
@@ -44,7 +45,8 @@ def test_window_rule_example_1_tombstone_at_root_side(window: int, matched: int)
 
 
 def test_window_rule_example_2_falls_back_before_the_tombstone() -> None:
-    """§11 ex. 2: A(3) B(2,T) C(3), W=4: the 3 live units of C are too few, so the match ends at A."""
+    """Window rule example 2: A(3) B(2,T) C(3), W=4: the 3 live units of C are too few, so the match ends at
+    A."""
     tree, _ = build_abc(4, "B")
     slots, node = tree.match_prefix(A + B + C)
     assert slots.shape[0] == 3
@@ -55,7 +57,7 @@ def test_window_rule_example_2_falls_back_before_the_tombstone() -> None:
 
 
 def test_window_rule_still_splits_where_the_walk_ended() -> None:
-    """§11: node splitting happens even when the window rule answers shorter."""
+    """Node splitting happens even when the window rule answers shorter."""
     tree, _ = build_abc(6, "A")
     nodes_before = tree.num_nodes
     assert tree.match_prefix(A + B + [6, 7, 99]).slots.shape[0] == 0
@@ -88,7 +90,7 @@ def test_window_counter_resets_at_every_tombstone() -> None:
     tree.check_invariants()
 
 
-# ---------------------------------------------------------------- §13 locks and swa_uuid
+# ---------------------------------------------------------------- locks and swa_uuid
 
 
 def path_a2_b3(window: int) -> tuple[SWARadixCache, object, object]:
@@ -147,7 +149,7 @@ def test_two_locks_ending_on_the_same_node_share_its_uuid() -> None:
 
 
 def test_split_of_a_locked_node_moves_the_uuid_up_and_dec_unlocks_the_same_set() -> None:
-    """§13/§22.7: the upper half takes the uuid, both halves keep the counts; accounting unchanged."""
+    """The upper half takes the uuid, both halves keep the counts; accounting unchanged."""
     tree, a, b = path_a2_b3(4)
     uuid = tree.inc_lock_ref(b)
     sizes = (tree.full_protected_size, tree.swa_protected_size, tree.full_evictable_size)
@@ -162,11 +164,11 @@ def test_split_of_a_locked_node_moves_the_uuid_up_and_dec_unlocks_the_same_set()
     tree.check_invariants()
 
 
-# ---------------------------------------------------------------- §14 eviction phases
+# ---------------------------------------------------------------- eviction phases
 
 
 def test_full_phase_counts_swa_and_skips_the_swa_phase_when_enough() -> None:
-    """§14/§22.17: phase 1 frees a 3-unit leaf on both sides; an SWA request of 3 is then already met."""
+    """Phase 1 frees a 3-unit leaf on both sides; an SWA request of 3 is then already met."""
     tree, alloc = make_swa(64, 64, window=2)
     tree.insert([1, 2, 3, 4], alloc.alloc(4))
     tree.insert([1, 2, 7, 8, 9], alloc.alloc(5))  # leaves [3,4] (older) and [7,8,9]
@@ -195,7 +197,7 @@ def test_swa_phase_tombstones_root_side_first_and_deletes_leaves() -> None:
 
 
 def test_cascade_frees_tombstone_parents_and_counts_them_as_full() -> None:
-    """§14.3/§22.16: evicting the last child of a tombstone deletes the tombstone too."""
+    """Evicting the last child of a tombstone deletes the tombstone too."""
     tree, alloc = make_swa(64, 64, window=2)
     tree.insert([1, 2, 3], alloc.alloc(3))
     tree.insert([1, 2, 3, 4, 5], alloc.alloc(5))
@@ -209,7 +211,7 @@ def test_cascade_frees_tombstone_parents_and_counts_them_as_full() -> None:
 
 
 def test_locked_nodes_are_skipped_and_eviction_stops_short() -> None:
-    """§22.13: everything locked -> evict frees what it can and returns the shortfall, no error."""
+    """Everything locked -> evict frees what it can and returns the shortfall, no error."""
     tree, alloc = make_swa(64, 64, window=8)
     req = CachedReq(last_node=tree.root)
     tree.insert([1, 2, 3, 4], alloc.alloc(4))
@@ -223,7 +225,7 @@ def test_locked_nodes_are_skipped_and_eviction_stops_short() -> None:
 
 
 def test_full_phase_restarts_when_a_parent_becomes_an_older_leaf() -> None:
-    """§14.4/§22.12: a parent left childless may be older than the scan position: it is found again."""
+    """A parent left childless may be older than the scan position: it is found again."""
     tree, alloc = make_swa(64, 64, window=2)
     tree.insert([1, 2, 3, 4], alloc.alloc(4))
     tree.insert([1, 2, 5, 6], alloc.alloc(4))  # [1,2] -> {[3,4], [5,6]}
@@ -232,7 +234,7 @@ def test_full_phase_restarts_when_a_parent_becomes_an_older_leaf() -> None:
     assert [n.key.tokens.tolist() for n in tree.iter_nodes()] == [[7, 8]]
 
 
-# ---------------------------------------------------------------- §12 revival and §23.2
+# ---------------------------------------------------------------- revival and the upstream revival defect
 
 
 def test_revival_keeps_full_slots_adopts_swa_and_frees_the_callers_full_slots() -> None:
@@ -265,7 +267,7 @@ def test_revival_only_beyond_prev_prefix_len_splits_the_tombstone() -> None:
 
 
 def test_revival_under_a_live_request_keeps_its_slots_valid() -> None:
-    """§23.2: R1 reads A beyond its window (full lock only); SWA eviction tombstones A; R2 recomputes A and
+    """R1 reads A beyond its window (full lock only); SWA eviction tombstones A; R2 recomputes A and
     inserts it. SGLang 0.5.3.post1 freed A's old full slots, which R1's kv_slots still point at; here A keeps
     them and R1 stays valid through the whole run."""
     tree, alloc = make_swa(64, 64, window=3)
@@ -293,9 +295,10 @@ def test_revival_under_a_live_request_keeps_its_slots_valid() -> None:
 
 
 def test_chunked_paged_eagle_duplicate_page_is_freed_whole_and_replaced() -> None:
-    """§23.1 for the SWA tree: P=4, EAGLE, chunked. After chunk 1 (6 tokens) the tree holds 4 units and the
-    request privately holds positions 4-5 on a page of its own. Another request then caches the same prompt.
-    SGLang would pass prev_prefix_len = 6 - 1 = 5 and free the duplicate range from position 5, i.e. the
+    """The chunked-EAGLE page defect, for the SWA tree: P=4, EAGLE, chunked. After chunk 1 (6 tokens) the
+    tree holds 4 units and the request privately holds positions 4-5 on a page of its own. Another request
+    then caches the same prompt. SGLang would pass prev_prefix_len = 6 - 1 = 5 and free the duplicate range
+    from position 5, i.e. the
     page of positions 4-7 that the request still reads at position 4. Here the range starts at 4 (the
     page-aligned tree-owned length): that whole page is the request's and is replaced by the tree's."""
     tree, alloc = make_swa(128, 128, window=4, page_size=4, eagle=True)
@@ -321,7 +324,7 @@ def test_chunked_paged_eagle_duplicate_page_is_freed_whole_and_replaced() -> Non
 
 
 def test_rematch_after_a_chunk_covers_all_it_inserted_despite_tombstones() -> None:
-    """§15 / SGLang PR #40681: the re-match in `cache_unfinished_req` must not come back shorter than what
+    """SGLang PR #40681: the re-match in `cache_unfinished_req` must not come back shorter than what
     was inserted (the request's slots there would have been freed as duplicates). A tombstone before the
     request's SWA-locked window and a new suffix shorter than the window: the locked window still counts,
     so the re-match covers everything."""
@@ -343,7 +346,7 @@ def test_rematch_after_a_chunk_covers_all_it_inserted_despite_tombstones() -> No
 
 
 def test_touched_path_puts_each_parent_right_behind_its_child_in_both_lists() -> None:
-    """§10: after a match, the path is the most recent run of both lists, deepest node first (the SWA list
+    """After a match, the path is the most recent run of both lists, deepest node first (the SWA list
     skips tombstones), so eviction reaches root-side nodes first."""
     tree, alloc = build_abc(4, "A")
     tree.insert([50, 51], alloc.alloc(2))  # an unrelated, newer node

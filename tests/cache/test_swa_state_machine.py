@@ -57,7 +57,7 @@ def tree_content(tree: SWARadixCache) -> dict[tuple, list]:
 
 
 def expected_match(model: dict, tokens: list[int], page_size: int, eagle: bool, window: int) -> list[int]:
-    """The window rule (reference §11) recomputed per position: candidates are the start of each tombstone run
+    """The window rule recomputed per position: candidates are the start of each tombstone run
     preceded by >= window live positions (or by no tombstone at all), and the walk's end if the live run
     after the last tombstone is >= window (or there is none); the answer is the last candidate."""
     num_units = max(len(tokens) - eagle, 0)
@@ -319,8 +319,8 @@ def test_swa_tree_against_brute_force_model(page_size: int, eagle: bool) -> None
 
 
 def test_expected_match_model_on_the_reference_examples() -> None:
-    """The per-position window model reproduces §11's worked examples (it is not a copy of the tree's
-    node-level walk, so check it on known answers)."""
+    """The per-position window model reproduces the window rule's worked examples (it is not a copy of the
+    tree's node-level walk, so check it on known answers)."""
     a, b, c = (1, 2, 3), (4, 5), (6, 7, 8)
     toks = list(a + b + c)
 

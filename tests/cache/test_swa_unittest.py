@@ -1,4 +1,4 @@
-"""The unit tests PR #11231 added/extended in SGLang's `test/srt/test_swa_unittest.py` (reference doc §20.1),
+"""The unit tests PR #11231 added/extended in SGLang's `test/srt/test_swa_unittest.py`,
 against our tree and `CheckedSWAAllocator`, with their exact asserted numbers."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_swa_memory_pool_alloc_takes_one_slot_per_side_and_free_swa_unmaps() -> 
     alloc.free_swa(index)
     assert alloc.swa_slots_of(index).tolist() == [0]
     assert alloc.swa_available_size() == 16
-    alloc.free_swa(index)  # idempotent through the zeroed mapping (§22.19)
+    alloc.free_swa(index)  # idempotent through the zeroed mapping
     alloc.free(index)  # frees the full slot only: no SWA slot is freed twice
     assert (alloc.full_available_size(), alloc.swa_available_size()) == (16, 16)
 

@@ -1,4 +1,4 @@
-"""Without tombstones the SWA tree behaves exactly like the plain tree (reference doc, Appendix A notes):
+"""Without tombstones the SWA tree behaves exactly like the plain tree (`cache/README.md`, "Appendix A"):
 random inserts and matches give the same inserted-prefix lengths and the same matched lengths as
 `RadixCache`, for page sizes 1/4 and EAGLE on/off, whatever the window."""
 

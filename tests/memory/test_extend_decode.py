@@ -1,4 +1,4 @@
-"""alloc_extend / alloc_decode (§16.3) vs a model of requests, each owning whole pages position-aligned."""
+"""alloc_extend / alloc_decode vs a model of requests, each owning whole pages position-aligned."""
 
 from __future__ import annotations
 

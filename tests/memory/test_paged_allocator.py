@@ -91,7 +91,7 @@ def test_alloc_free_backup_restore_match_set_model(num_pages: int, page_size: in
 
 
 def test_sglang_paged_example_lifo_page_reuse() -> None:
-    """§16.3: P=4, 4 pages: alloc(8) -> slots 4..11; free([9]) frees page 2; alloc(4) -> slots 8..11."""
+    """P=4, 4 pages: alloc(8) -> slots 4..11; free([9]) frees page 2; alloc(4) -> slots 8..11."""
     state = A.make_allocator(4, 4)
     state, slots = A.alloc(state, 8)
     assert slots.tolist() == list(range(4, 12))

@@ -1,5 +1,5 @@
 """A tiny EAGLE-3 config, random drafts with perturbed vectors, and an independent numpy reference of the
-draft math (reference eagle3-gptoss.md section 2.2), written from the HF-named tensors."""
+draft math (`jaxserve.speculative.eagle3_draft`'s docstring states it), written from the HF-named tensors."""
 
 from __future__ import annotations
 

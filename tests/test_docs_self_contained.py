@@ -1,0 +1,58 @@
+"""The repository explains its own rules: no source, test, config or doc file points a reader at a document
+that is not in the repository, and every `cache/README.md` section that code names exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".ipynb", ".yaml", ".yml", ".sh", ".cfg"}
+SKIP_DIRS = {".git", ".venv", "build", ".jax_cache", ".hypothesis", ".pytest_cache", ".ruff_cache", "notes"}
+# Names of documents that live outside the repository, and the section sign they were cited with.
+OUTSIDE = re.compile(
+    r"§|reference doc|reference/|shared/|sglang-mem-cache|jax-on-cpu|jax-scale-out|kernels\.md|eagle3-gptoss"
+    r"|anchors\.md|ARCHITECTURE\.md|STYLE\.md",
+    re.IGNORECASE,
+)
+# A citation may wrap across lines: `cache/README.md`, "SWA\n eviction".
+README_SECTION = re.compile(r'cache/README\.md`?,?\s+"([^"]+)"(?:\s+to\s+"([^"]+)")?')
+
+
+def text_files() -> list[Path]:
+    files = []
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if (rel.parts and rel.parts[0] in SKIP_DIRS) or any(p.endswith(".egg-info") for p in rel.parts):
+            continue
+        if path.is_file() and path.suffix in TEXT_SUFFIXES and path != Path(__file__).resolve():
+            files.append(path)
+    return files
+
+
+def test_the_scan_sees_the_tree() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in text_files()}
+    assert {"cache/README.md", "cache/radix_cache.py", "pyproject.toml", "README.md"} <= names
+
+
+def test_no_file_cites_a_document_outside_the_repository() -> None:
+    hits = []
+    for path in text_files():
+        for num, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if OUTSIDE.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{num}: {line.strip()[:100]}")
+    assert not hits, "explain the rule here instead of citing an outside document:\n" + "\n".join(hits)
+
+
+def test_every_cited_cache_readme_section_exists() -> None:
+    headings = {
+        line[3:].strip()
+        for line in (ROOT / "cache" / "README.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("## ")
+    }
+    cited = set()
+    for path in text_files():
+        for match in README_SECTION.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            cited.update(re.sub(r"\s+", " ", name) for name in match.groups() if name)
+    assert cited, "no code names a cache/README.md section (the pattern no longer matches how they are cited)"
+    assert cited <= headings, f"sections named in code but missing from cache/README.md: {cited - headings}"
