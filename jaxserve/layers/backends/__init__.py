@@ -5,7 +5,8 @@ layer of a pool group, then attends every query token over its sequence's cached
 `(out [T, q_heads, head_dim], new_pool)`. Accelerator kernels register themselves with
 `@register_backend("name")`; models pick one by name. `native` is the plain-JAX reference (gathers every
 key index of the page table per token), the test oracle and, for now, `DEFAULT_BACKEND`; `xla` is ragged
-paged attention in plain JAX (work follows the real context), chosen with `attention_backend="xla"`.
+paged attention in plain JAX (work follows the real context), chosen with `attention_backend="xla"`;
+`pallas_tpu` and `pallas_gpu` are the Pallas kernels for TPU and GPU (interpret mode elsewhere).
 
 Why `xla` is not the default yet: a long pytest process (the speculative suite, one process) that runs the
 engine on `xla` dies with a segmentation fault inside JAX's persistent compilation cache while it
@@ -48,7 +49,8 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-from jaxserve.layers.backends import native, xla  # noqa: E402  (register "native" and "xla")
+# register "native", "xla" and the Pallas kernels "pallas_tpu", "pallas_gpu"
+from jaxserve.layers.backends import native, pallas_gpu, pallas_tpu, xla  # noqa: E402
 
 __all__ = ["DEFAULT_BACKEND", "AttentionBackend", "available_backends", "get_backend", "native",
-           "register_backend", "xla"]
+           "pallas_gpu", "pallas_tpu", "register_backend", "xla"]
