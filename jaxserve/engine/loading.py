@@ -12,18 +12,24 @@ from jaxserve.models.decoder import CausalLM
 
 
 def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=()) -> tuple[CausalLM, Any]:
-    """`args.model_path`'s model (in `args.dtype`, "auto" = the checkpoint's) and its `HFTokenizer`, or None
-    when the directory has no tokenizer.json or `skip_tokenizer_init` is set. `aux_hidden_state_layer_ids`:
-    the layers an EAGLE-3 draft reads (see `jaxserve.models.decoder`)."""
+    """`args.model_path`'s model (None: the embedded default) in `args.dtype` ("auto" = the checkpoint's) and
+    its `HFTokenizer`, or None when the directory has no tokenizer.json or `skip_tokenizer_init` is set.
+    `aux_hidden_state_layer_ids`: the layers an EAGLE-3 draft reads (see `jaxserve.models.decoder`)."""
     from jaxserve.loader.load import load_model
     from jaxserve.loader.tokenizer import HFTokenizer
 
-    if args.model_path is None:
-        raise InvalidRequestError("Engine needs model_path= (a checkpoint directory) or model=")
-    model = load_model(args.model_path, dtype=None if args.dtype == "auto" else args.dtype,
+    model_path = args.model_path
+    if model_path is None:
+        from jaxserve.assets import EMBEDDED_MODEL_DIR, embedded_model_available
+
+        if not embedded_model_available():
+            raise InvalidRequestError("Engine needs model_path= (a checkpoint directory) or model= (this "
+                                      "install has no embedded default model)")
+        model_path = str(EMBEDDED_MODEL_DIR)
+    model = load_model(model_path, dtype=None if args.dtype == "auto" else args.dtype,
                        backend=args.attention_backend, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
-    has_tokenizer = (Path(args.model_path) / "tokenizer.json").exists() and not args.skip_tokenizer_init
-    return model, HFTokenizer(args.model_path) if has_tokenizer else None
+    has_tokenizer = (Path(model_path) / "tokenizer.json").exists() and not args.skip_tokenizer_init
+    return model, HFTokenizer(model_path) if has_tokenizer else None
 
 
 def eos_token_ids(raw_config: Mapping[str, Any], tokenizer) -> list[int]:
