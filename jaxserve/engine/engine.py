@@ -184,9 +184,12 @@ class Engine:
         if inflight is None:
             return []
         t1 = time.perf_counter()
-        token_ids, logprobs = np.asarray(inflight[1].token_ids), np.asarray(inflight[1].logprobs)
+        out = inflight[1]
+        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
+        wants_top = any(s.req.params.top_logprobs_num for s in inflight[0])
+        top = (np.asarray(out.top_ids), np.asarray(out.top_logprobs)) if wants_top else None
         t2 = time.perf_counter()
-        finished = self.scheduler.process(inflight[0], token_ids, logprobs)
+        finished = self.scheduler.process(inflight[0], token_ids, logprobs, top)
         self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)
         self.stats["device_wait_s"] += t2 - t1
         return finished

@@ -46,6 +46,7 @@ class Request:
     num_retractions: int = 0
     penalty_row: int | None = None
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)  # per output token
     arrival_time: float = field(default_factory=time.perf_counter)
     finish_time: float | None = None
     spec_accept_lengths: list[int] | None = None  # speculative decoding: drafts accepted per verify round
@@ -78,6 +79,15 @@ class Request:
     def finished(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)
 
+    def record_logprob(self, logprob: float, top_ids, top_logprobs) -> None:
+        """Keep the logprob of the output token about to be appended and, when the request asks for
+        `top_logprobs_num` of them, the first ones of `top_ids` / `top_logprobs` (best first)."""
+        self.logprobs.append(logprob)
+        num_top = self.params.top_logprobs_num
+        if num_top:
+            self.top_logprobs.append(([int(i) for i in top_ids[:num_top]],
+                                      [float(v) for v in top_logprobs[:num_top]]))
+
     def finish_reason(self) -> dict | None:
         if self.status is Status.ABORTED:
             return {"type": "abort", "message": "aborted by the caller"}
@@ -99,6 +109,8 @@ class Request:
             info.update(spec_metrics(len(self.stop.output_ids), self.spec_accept_lengths))
         if self.params.return_logprob:
             info["output_token_logprobs"] = list(zip(self.logprobs, self.stop.output_ids, strict=True))
+        if self.params.top_logprobs_num:
+            info["output_top_logprobs"] = [list(zip(lps, ids, strict=True)) for ids, lps in self.top_logprobs]
         return info
 
 

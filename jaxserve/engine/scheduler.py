@@ -171,11 +171,12 @@ class Scheduler:
             req.penalty_row = None
 
     # ------------------------------------------------------------------ results
-    def process(self, batch: list[ScheduledSeq], token_ids: np.ndarray,
-                logprobs: np.ndarray) -> list[Request]:
+    def process(self, batch: list[ScheduledSeq], token_ids: np.ndarray, logprobs: np.ndarray,
+                top: tuple[np.ndarray, np.ndarray] | None = None) -> list[Request]:
         """Apply a step's results (steps are processed in dispatch order): append sampled tokens, cache
         prefill chunks, finish requests (their KV goes to the tree or back to the allocator). Requests
-        aborted, retracted or finished since the step was scheduled are skipped. Returns the finished ones."""
+        aborted, retracted or finished since the step was scheduled are skipped. Returns the finished ones.
+        `top`: the step's (top_ids, top_logprobs) per row, read when a request of the batch asks for them."""
         finished = []
         for row, seq in enumerate(batch):
             req = seq.req
@@ -190,7 +191,7 @@ class Scheduler:
             if not seq.samples:
                 continue
             req.num_pending -= 1
-            req.logprobs.append(float(logprobs[row]))
+            req.record_logprob(float(logprobs[row]), *((top[0][row], top[1][row]) if top else ((), ())))
             if req.stop.append(int(token_ids[row])) is not None:
                 self._finish(req)
                 finished.append(req)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxserve.sampling.params import SamplingParams
+from jaxserve.sampling.params import MAX_LOGIT_BIAS, SamplingParams
 from jaxserve.sampling.seeds import seed_words
 
 # Row index for rows without a penalty-pool row: no penalties applied, no counts updated (see penalties.py).
@@ -44,7 +44,12 @@ class SamplingBatch:
     (greedy rows always carry the three filters off),
     repetition_penalty / frequency_penalty / presence_penalty f32[S] (1 / 0 / 0 = off),
     seed_words u32[S, 2] (seed as high, low words), num_generated i32[S] (folded into the key),
-    penalty_rows i32[S] (row in the PenaltyPool; NO_PENALTY_ROW when none).
+    penalty_rows i32[S] (row in the PenaltyPool; NO_PENALTY_ROW when none),
+    bias_ids i32[S, MAX_LOGIT_BIAS] / bias_values f32[S, MAX_LOGIT_BIAS]: logit_bias entries (padding adds 0
+    to token 0), num_top_logprobs i32[S] (top logprobs the row reports; 0 = none),
+    token_bitmask u32[S, ceil(V / 32)] or None: bit j of word w allows token 32 w + j (a grammar's mask;
+    rows without a grammar allow everything). None when no row has a grammar, so a batch without grammars
+    keeps the step's other executable and sends no mask.
     """
 
     temperatures: np.ndarray | jax.Array
@@ -57,6 +62,10 @@ class SamplingBatch:
     seed_words: np.ndarray | jax.Array
     num_generated: np.ndarray | jax.Array
     penalty_rows: np.ndarray | jax.Array
+    bias_ids: np.ndarray | jax.Array
+    bias_values: np.ndarray | jax.Array
+    num_top_logprobs: np.ndarray | jax.Array
+    token_bitmask: np.ndarray | jax.Array | None = None
 
     @property
     def num_rows(self) -> int:
@@ -64,8 +73,10 @@ class SamplingBatch:
         return int(self.temperatures.shape[0])
 
 
-def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int) -> SamplingBatch:
+def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
+                         token_bitmask: np.ndarray | None = None) -> SamplingBatch:
     """Pack `rows` into a SamplingBatch of `num_rows` rows (the bucket), padding the rest. O(num_rows).
+    `token_bitmask` (u32[len(rows), W], or None): the rows' grammar masks, padded with allow-all rows.
 
     Raises ValueError if there are more rows than `num_rows`, a row has num_generated < 0, or a row uses
     penalties without a penalty_row.
@@ -82,6 +93,16 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int) -> Sampling
 
     words = np.zeros((num_rows, 2), dtype=np.uint32)
     words[: len(rows)] = seed_words([row.seed for row in rows])
+    bias_ids = np.zeros((num_rows, MAX_LOGIT_BIAS), np.int32)
+    bias_values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
+    for i, row in enumerate(rows):
+        if row.params.logit_bias:
+            ids, values = zip(*row.params.logit_bias, strict=True)
+            bias_ids[i, : len(ids)], bias_values[i, : len(ids)] = ids, values
+    if token_bitmask is not None:
+        mask = np.full((num_rows, token_bitmask.shape[1]), 0xFFFFFFFF, np.uint32)
+        mask[: len(rows)] = token_bitmask
+        token_bitmask = mask
     return SamplingBatch(
         temperatures=column(lambda r: 0.0 if r.params.is_greedy else r.params.temperature, 0.0, np.float32),
         # Greedy rows carry disabled filters (the argmax survives every filter), so an all-greedy batch
@@ -97,4 +118,8 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int) -> Sampling
         penalty_rows=column(
             lambda r: NO_PENALTY_ROW if r.penalty_row is None else r.penalty_row, NO_PENALTY_ROW, np.int32
         ),
+        bias_ids=bias_ids,
+        bias_values=bias_values,
+        num_top_logprobs=column(lambda r: r.params.top_logprobs_num, 0, np.int32),
+        token_bitmask=token_bitmask,
     )

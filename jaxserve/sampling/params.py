@@ -16,19 +16,19 @@ from jaxserve.sampling.errors import InvalidSamplingParamsError
 
 # SGLang treats temperatures below this as greedy decoding; so do we (see `is_greedy`).
 GREEDY_TEMPERATURE_EPS = 1e-5
+# Most entries of one request's logit_bias, and most top logprobs per token (OpenAI's limit): both are
+# fixed widths of the device step's arrays, so that no request changes a shape.
+MAX_LOGIT_BIAS = 64
+MAX_TOP_LOGPROBS = 20
 
 # SGLang parameters that jaxserve recognises but does not implement yet: named separately in errors so a
 # user knows the key is not a typo.
 _UNSUPPORTED_SGLANG_KEYS = frozenset(
     {
         "min_new_tokens",
-        "regex",
-        "json_schema",
-        "ebnf",
         "structural_tag",
         "no_stop_trim",
         "spaces_between_special_tokens",
-        "logit_bias",
         "custom_params",
         "stream_interval",
     }
@@ -67,6 +67,29 @@ def _normalise_stop(value: Any) -> tuple[str, ...]:
     return tuple(strings)
 
 
+def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """{token id (int or decimal string, as JSON keys are): bias in [-100, 100]} -> sorted (id, bias)."""
+    if value is None:
+        return ()
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, Mapping):
+        raise _fail("logit_bias", value, "an object mapping token ids to numbers")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise _fail("logit_bias", f"<{len(value)} entries>", f"at most {MAX_LOGIT_BIAS} entries")
+    pairs = {}
+    for key, bias in value.items():
+        token_id = key if isinstance(key, int) and not isinstance(key, bool) else \
+            int(key) if isinstance(key, str) and key.strip().isdigit() else None
+        if token_id is None or token_id < 0:
+            raise _fail("logit_bias", value, f"non-negative token ids as keys, got {key!r}")
+        _check_float(f"logit_bias[{key!r}]", bias)
+        if not -100.0 <= bias <= 100.0:
+            raise _fail(f"logit_bias[{key!r}]", bias, "a number in [-100, 100]")
+        pairs[token_id] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
 def _normalise_token_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -86,7 +109,12 @@ class SamplingParams:
     size act as disabled. top_p: in (0, 1], 1 disables. min_p: in [0, 1], 0 disables.
     repetition_penalty: > 0, 1 disables; applies to tokens seen in prompt or output.
     frequency_penalty / presence_penalty: in [-2, 2], 0 disables; apply to output tokens only.
-    seed: makes the request's samples reproducible whatever batch it runs in. n must be 1.
+    seed: makes the request's samples reproducible whatever batch it runs in. n must be 1 (parallel
+    sampling forks requests above this level).
+    logit_bias: {token id: bias in [-100, 100]} added to the logits before penalties (at most 64 entries).
+    return_logprob: record each output token's log-probability; top_logprobs_num (0..20): also the most
+    likely tokens at each step. Both are of the model's raw distribution (see `SampleOutput`).
+    json_schema / regex / ebnf: constrain the output to a grammar (at most one; see `grammar`).
     """
 
     max_new_tokens: int = 128
@@ -102,8 +130,13 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     return_logprob: bool = False
+    top_logprobs_num: int = 0
     n: int = 1
     skip_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] | Mapping[str, float] | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens)
@@ -138,6 +171,16 @@ class SamplingParams:
             raise _fail("n", self.n, "1 (parallel sampling is not supported; send n separate requests)")
         for name in ("ignore_eos", "return_logprob", "skip_special_tokens"):
             _check_bool(name, getattr(self, name))
+        _check_int("top_logprobs_num", self.top_logprobs_num)
+        if not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise _fail("top_logprobs_num", self.top_logprobs_num, f"an int in [0, {MAX_TOP_LOGPROBS}]")
+        object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        for name in grammars:
+            if not isinstance(getattr(self, name), str):
+                raise _fail(name, getattr(self, name), "a string")
+        if len(grammars) > 1:
+            raise _fail(" / ".join(grammars), "...", "at most one of json_schema, regex and ebnf")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> SamplingParams:
@@ -165,7 +208,8 @@ class SamplingParams:
         return cls(**values)
 
     def validate(self, vocab_size: int) -> SamplingParams:
-        """Vocabulary checks: every stop token id must be in [0, vocab_size). Returns self."""
+        """Vocabulary checks: every stop token id and logit_bias key must be in [0, vocab_size). Returns
+        self."""
         outside = [token_id for token_id in self.stop_token_ids if token_id >= vocab_size]
         if outside:
             raise _fail(
@@ -173,7 +217,19 @@ class SamplingParams:
                 list(self.stop_token_ids),
                 f"ids below the vocabulary size {vocab_size} (out of range: {outside})",
             )
+        outside = [token_id for token_id, _ in self.logit_bias if token_id >= vocab_size]
+        if outside:
+            raise _fail("logit_bias", dict(self.logit_bias),
+                        f"token ids below the vocabulary size {vocab_size} (out of range: {outside})")
         return self
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, source) of the output constraint - kind "json_schema", "regex" or "ebnf" - or None."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            if getattr(self, kind) is not None:
+                return kind, getattr(self, kind)
+        return None
 
     @property
     def is_greedy(self) -> bool:

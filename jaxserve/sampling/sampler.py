@@ -1,8 +1,9 @@
 """`sample`: one token per row from a step's logits, fused into the jitted step.
 
-Order per row (HF / SGLang): penalties -> temperature -> top-k -> top-p -> min-p -> Gumbel-max draw. Greedy
-rows (temperature 0) take the argmax of the penalised logits. No host sync, no data-dependent Python control
-flow: one trace per (S, V, logits dtype, pool or None, filter_method).
+Order per row (HF / SGLang): logit_bias -> penalties -> grammar mask -> temperature -> top-k -> top-p -> min-p
+-> Gumbel-max draw. Greedy rows (temperature 0) take the argmax of the masked, penalised logits. No host sync,
+no data-dependent Python control flow: one trace per (S, V, logits dtype, pool or None, grammar mask or None,
+filter_method).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.sampling.batch import SamplingBatch
+from jaxserve.sampling.constraints import apply_logit_bias, apply_token_bitmask
 from jaxserve.sampling.filters import FilterMethod, apply_filters
+from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
 from jaxserve.sampling.penalties import PenaltyPool, apply_penalties
 
 
@@ -22,11 +25,16 @@ from jaxserve.sampling.penalties import PenaltyPool, apply_penalties
 class SampleOutput:
     """token_ids i32[S]: the sampled token per row.
     logprobs f32[S]: log-probability of that token under the model's raw distribution, log_softmax(logits)
-    before penalties, temperature and filters (the "original" logprob); padding rows hold garbage.
+    before logit_bias, penalties, temperature, filters and grammar masks (see `logprobs`); padding rows hold
+    garbage.
+    top_ids i32[S, K] / top_logprobs f32[S, K] (K = MAX_TOP_LOGPROBS): the raw distribution's most likely
+    tokens, best first; zeros when no row of the batch asks for them (`num_top_logprobs`).
     """
 
     token_ids: jax.Array
     logprobs: jax.Array
+    top_ids: jax.Array
+    top_logprobs: jax.Array
 
 
 def row_keys(batch: SamplingBatch) -> jax.Array:
@@ -50,7 +58,9 @@ def sample(
     how top-k/top-p cutoffs are found, see filters.py.
     """
     raw = logits.astype(jnp.float32)
-    penalised = raw if penalties is None else apply_penalties(raw, batch, penalties)
+    biased = apply_logit_bias(raw, batch)
+    penalised = biased if penalties is None else apply_penalties(biased, batch, penalties)
+    penalised = apply_token_bitmask(penalised, batch.token_bitmask)
 
     greedy = batch.temperatures == 0.0
     argmax = jnp.argmax(penalised, axis=-1).astype(jnp.int32)
@@ -67,6 +77,7 @@ def sample(
     # an all-greedy batch skips the random draws (one [S, V] Gumbel sample per step otherwise)
     token_ids = jax.lax.cond(jnp.any(~greedy), draw, lambda: argmax)
 
-    chosen = jnp.take_along_axis(raw, token_ids[:, None], axis=-1)[:, 0]
-    logprobs = chosen - jax.nn.logsumexp(raw, axis=-1)
-    return SampleOutput(token_ids=token_ids, logprobs=logprobs)
+    logp = jax.nn.log_softmax(raw, axis=-1)
+    top_ids, top_lps = top_logprobs(logp, batch.num_top_logprobs)
+    return SampleOutput(token_ids=token_ids, logprobs=token_logprobs(logp, token_ids), top_ids=top_ids,
+                        top_logprobs=top_lps)

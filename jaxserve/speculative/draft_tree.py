@@ -257,8 +257,8 @@ class TreeDrafter:
         w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._fns(w.recording)(
             w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, state_rows, dest,
             last, draft_metas, prefix, meta, ext_meta, build_sampling_batch(rows, meta.num_tokens))
-        results = w.results(verdict, len(reqs))
+        results = w.results(verdict, reqs)
         w.record_extend(ext_meta, top1, results)
-        w.stats["tree_kv_moved"] += sum(int(r - i * nv != j) for i, (*_, vrows) in enumerate(results)
+        w.stats["tree_kv_moved"] += sum(int(r - i * nv != j) for i, (_, _, _, vrows, _) in enumerate(results)
                                         for j, r in enumerate(vrows))
         return results

@@ -32,7 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.sampling.batch import NO_PENALTY_ROW, SamplingBatch
+from jaxserve.sampling.constraints import apply_logit_bias, apply_token_bitmask
 from jaxserve.sampling.filters import apply_filters
+from jaxserve.sampling.logprobs import top_logprobs
 from jaxserve.sampling.penalties import PenaltyPool, penalise, update_counts
 from jaxserve.sampling.sampler import row_keys
 
@@ -48,12 +50,16 @@ class Verdict:
       it (before penalties, temperature and filters, as `SampleOutput.logprobs`).
     path i32[R, D+1]: the node (verify index within the row) whose logits gave `emitted[r, j]`: the root,
       then the accepted nodes (valid for j <= a).
+    top_ids i32[R, D+1, K] / top_logprobs f32[R, D+1, K]: that node's most likely tokens under the raw
+      logits (as `SampleOutput.top_ids`; zeros when no row asks for them).
     """
 
     num_accepted: jax.Array
     emitted: jax.Array
     logprobs: jax.Array
     path: jax.Array
+    top_ids: jax.Array
+    top_logprobs: jax.Array
 
 
 def chain_children(num_nodes: int) -> np.ndarray:
@@ -115,15 +121,19 @@ def verify_tree(logits: jax.Array, tokens: jax.Array, children: jax.Array, batch
     with no random draws (`lax.cond`; same verdict as the general walk gives greedy rows).
     """
     raw = logits.astype(jnp.float32)
-    penalised = raw
+    penalised = apply_logit_bias(raw, batch)
     if pool is not None:
         counts = drafted_counts(pool, batch, tokens, path_nodes(parents, max_depth))
-        penalised = penalise(raw, batch, counts, pool)
+        penalised = penalise(penalised, batch, counts, pool)
+    penalised = apply_token_bitmask(penalised, batch.token_bitmask)
     logp = jax.nn.log_softmax(raw, axis=-1)
     walk = functools.partial(_walk, tokens=tokens, children=children, max_depth=max_depth, logp=logp)
-    return jax.lax.cond(jnp.any(batch.temperatures > 0.0),
-                        lambda: walk(target_probs(penalised, batch), row_keys(batch)),
-                        lambda: walk(None, jnp.argmax(penalised, axis=-1).astype(jnp.int32)))
+    verdict = jax.lax.cond(jnp.any(batch.temperatures > 0.0),
+                           lambda: walk(target_probs(penalised, batch), row_keys(batch)),
+                           lambda: walk(None, jnp.argmax(penalised, axis=-1).astype(jnp.int32)))
+    top_ids, top_lps = top_logprobs(logp, batch.num_top_logprobs)
+    node = jnp.arange(tokens.shape[0])[:, None] * tokens.shape[1] + verdict.path
+    return dataclasses.replace(verdict, top_ids=top_ids[node], top_logprobs=top_lps[node])
 
 
 def _walk(probs, keys_or_argmax, *, tokens, children, max_depth: int, logp) -> Verdict:
@@ -167,8 +177,10 @@ def _walk(probs, keys_or_argmax, *, tokens, children, max_depth: int, logp) -> V
         num_accepted = num_accepted + (live & took)
         live = live & took
         cur = nxt
-    return Verdict(num_accepted=num_accepted, emitted=jnp.stack(emitted, 1),
-                   logprobs=jnp.stack(logprobs, 1), path=jnp.stack(path, 1))
+    path = jnp.stack(path, 1)
+    no_top = jnp.zeros((*path.shape, 0), jnp.int32)  # filled in by verify_tree, outside the cond
+    return Verdict(num_accepted=num_accepted, emitted=jnp.stack(emitted, 1), logprobs=jnp.stack(logprobs, 1),
+                   path=path, top_ids=no_top, top_logprobs=no_top.astype(jnp.float32))
 
 
 def count_emitted(penalties: PenaltyPool, verdict: Verdict, penalty_rows: jax.Array):

@@ -260,9 +260,10 @@ class EagleWorker:
             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
             inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling, dest)
         token_ids, logprobs = jax.device_get((out.token_ids, out.logprobs))
+        top = jax.device_get((out.top_ids, out.top_logprobs)) if _wants_top(s.req for s in batch) else None
         self._record(inp.meta, t, top1)
         self.stats["prefill_steps"] += 1
-        finished = self.scheduler.process(batch, token_ids, logprobs)
+        finished = self.scheduler.process(batch, token_ids, logprobs, top)
         for req in finished:
             self.forget(req)
         return finished
@@ -325,7 +326,7 @@ class EagleWorker:
     def _apply(self, rnd: _Round, next_members) -> list[Request]:
         """Read a dispatched chain round's verdict and apply it to the requests still decoding; those in
         `next_members` (the round now in flight) keep slots for its span."""
-        results = self.results(rnd.verdict, len(rnd.reqs))
+        results = self.results(rnd.verdict, rnd.reqs)
         self.record_extend(rnd.meta, rnd.top1, results)
         live = [(r, res) for r, res in zip(rnd.reqs, results, strict=True)
                 if r.status is Status.RUNNING and r in self.state]
@@ -387,17 +388,20 @@ class EagleWorker:
             build_sampling_batch(rows, meta.num_tokens))
         return _Round(reqs, frozenset(reqs), verdict, meta, top1)
 
-    def results(self, verdict: Verdict, num_reqs: int) -> list[tuple[int, list[int], list[float], list[int]]]:
+    def results(self, verdict: Verdict, reqs: list[Request]) -> list[tuple]:
         """The host's view of a verdict (one transfer): per request (accepted drafts, emitted tokens, their
-        logprobs, verify rows of the nodes that produced them)."""
+        logprobs, verify rows of the nodes that produced them, and per emitted token its (top ids, top
+        logprobs) - read only when a request asks for top logprobs, else empty arrays)."""
         nv = self.num_verify
         num_acc, emitted, logprobs, path = jax.device_get(
             (verdict.num_accepted, verdict.emitted, verdict.logprobs, verdict.path))
+        top = jax.device_get((verdict.top_ids, verdict.top_logprobs)) if _wants_top(reqs) else None
         out = []
-        for i in range(num_reqs):
+        for i in range(len(reqs)):
             a = int(num_acc[i])
+            tops = [(top[0][i, j], top[1][i, j]) if top else ((), ()) for j in range(a + 1)]
             out.append((a, emitted[i, : a + 1].tolist(), logprobs[i, : a + 1].tolist(),
-                        (i * nv + path[i, : a + 1]).tolist()))
+                        (i * nv + path[i, : a + 1]).tolist(), tops))
         return out
 
     def _accept(self, reqs, results, next_members) -> list[Request]:
@@ -406,14 +410,14 @@ class EagleWorker:
         that finished (the caller finishes them)."""
         kv = self.kv
         finished = []
-        for req, (accepted, new, logps, _) in zip(reqs, results, strict=True):
+        for req, (accepted, new, logps, _, tops) in zip(reqs, results, strict=True):
             n = req.num_computed
             req.spec_accept_lengths.append(accepted)
             self.stats["rounds"] += 1
             self.stats["verified"] += self.num_steps
             self.stats["accepted"] += accepted
-            for token, logprob in zip(new, logps, strict=True):
-                req.logprobs.append(logprob)
+            for token, logprob, top in zip(new, logps, tops, strict=True):
+                req.record_logprob(logprob, *top)
                 if req.stop.append(token) is not None:
                     finished.append(req)
                     break
@@ -469,3 +473,8 @@ class EagleWorker:
         """Pooled tokens per verify round so far (accepted drafts + 1)."""
         rounds = self.stats["rounds"]
         return (self.stats["accepted"] + rounds) / rounds if rounds else 0.0
+
+
+def _wants_top(reqs) -> bool:
+    """Whether any of `reqs` reports top logprobs (the step's top arrays are then read back)."""
+    return any(req.params.top_logprobs_num for req in reqs)

@@ -107,9 +107,9 @@ def test_unknown_keys_are_all_named():
 
 def test_known_but_unsupported_sglang_keys_say_so():
     with pytest.raises(
-        InvalidSamplingParamsError, match="regex: SGLang parameters jaxserve does not support"
+        InvalidSamplingParamsError, match="structural_tag: SGLang parameters jaxserve does not support"
     ):
-        SamplingParams.from_dict({"regex": "a+"})
+        SamplingParams.from_dict({"structural_tag": "{}"})
 
 
 def test_non_dict_sampling_params_raise():
@@ -128,3 +128,20 @@ def test_uses_penalties_flags_each_penalty():
     assert SamplingParams(repetition_penalty=1.1).uses_penalties
     assert SamplingParams(frequency_penalty=0.5).uses_penalties
     assert SamplingParams(presence_penalty=-0.5).uses_penalties
+
+
+def test_logit_bias_takes_json_keys_and_checks_ranges():
+    params = SamplingParams.from_dict({"logit_bias": {"7": 5.0, 3: -100}})
+    assert params.logit_bias == ((3, -100.0), (7, 5.0))
+    with pytest.raises(InvalidSamplingParamsError, match=r"logit_bias\['7'\]"):
+        SamplingParams.from_dict({"logit_bias": {"7": 101}})
+    with pytest.raises(InvalidSamplingParamsError, match="token ids as keys"):
+        SamplingParams.from_dict({"logit_bias": {"x": 1}})
+    with pytest.raises(InvalidSamplingParamsError, match="out of range"):
+        SamplingParams(logit_bias={"12": 1}).validate(vocab_size=10)
+
+
+def test_one_grammar_at_most():
+    assert SamplingParams(regex="a+").grammar == ("regex", "a+")
+    with pytest.raises(InvalidSamplingParamsError, match="at most one"):
+        SamplingParams(regex="a+", ebnf="start: 'a'")
