@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.loader.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
+from jaxserve.loader.orbax_params import is_orbax_checkpoint, restore_params
 from jaxserve.loader.safetensors_reader import SafetensorsFile, checkpoint_files
 from jaxserve.loader.weight_spec import ParamPath, WeightSpec
 from jaxserve.models.build import abstract_model
@@ -109,10 +110,13 @@ def _place(spec: WeightSpec, tensors: list[np.ndarray], param: nnx.Variable, fil
 def load_model(directory: str | Path, *, dtype: str | None = None, backend: str = DEFAULT_BACKEND,
                aux_hidden_state_layer_ids: Sequence[int] = (), sharding_for: ShardingFn | None = None,
                progress: bool = True) -> CausalLM:
-    """config.json + safetensors in `directory` -> a ready model (parameters in `dtype`, default the
-    checkpoint's). The model class comes from `config.architectures[0]` via `jaxserve.models.registry`."""
+    """config.json + safetensors, or a converted orbax checkpoint (`jaxserve.loader.orbax_params`, detected),
+    in `directory` -> a ready model (parameters in `dtype`, default the checkpoint's). The model class comes
+    from `config.architectures[0]` via `jaxserve.models.registry`."""
     config = ModelConfig.from_file(directory)
     if dtype is not None:
         config = config.with_dtype(dtype)
     model = abstract_model(config, backend=backend, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
+    if is_orbax_checkpoint(directory):
+        return restore_params(model, directory, sharding_for=sharding_for)
     return load_params(model, directory, sharding_for=sharding_for, progress=progress)
