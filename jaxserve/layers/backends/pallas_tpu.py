@@ -151,19 +151,28 @@ def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo
     bq, bk = block_tokens, pages_per_block * page_size
     rows = group * bq
 
-    def copies(i, slot):
-        """The async copies filling VMEM slot `slot` with the sequence's key block `first + i`."""
+    def page_copy(kb, p, slot):
+        """The async copy of page `p` of the sequence's key block `kb` into VMEM slot `slot`."""
+        page = table_ref[seq * max_pages + jnp.minimum(kb * pages_per_block + p, max_pages - 1)]
+        return pltpu.make_async_copy(pool_hbm.at[layer, pl.ds(page * page_size, page_size)],
+                                     kv_buf.at[slot, pl.ds(p * page_size, page_size)], sem.at[0, slot])
+
+    def mask_copy(kb, slot):
+        columns = mask_hbm.at[b, :, pl.ds(kb * bk, bk)]
+        return pltpu.make_async_copy(columns, mask_buf.at[slot], sem.at[1, slot])
+
+    def start(i, slot):
+        """Start filling VMEM slot `slot` with key block `first + i` (its pages and mask columns)."""
         kb = first + i
-        out = []
-        for p in range(pages_per_block):
-            page = table_ref[seq * max_pages + jnp.minimum(kb * pages_per_block + p, max_pages - 1)]
-            src = pool_hbm.at[layer, pl.ds(page * page_size, page_size)]
-            dst = kv_buf.at[slot, pl.ds(p * page_size, page_size)]
-            out.append(pltpu.make_async_copy(src, dst, sem.at[0, slot]))
+        jax.lax.fori_loop(0, pages_per_block, lambda p, c: (page_copy(kb, p, slot).start(), c)[1], 0)
         if has_mask:
-            out.append(pltpu.make_async_copy(mask_hbm.at[b, :, pl.ds(kb * bk, bk)], mask_buf.at[slot],
-                                             sem.at[1, slot]))
-        return out
+            mask_copy(kb, slot).start()
+
+    def wait(slot):
+        # every page copy has the same size, so one descriptor waits for each of them in turn
+        jax.lax.fori_loop(0, pages_per_block, lambda p, c: (page_copy(first, 0, slot).wait(), c)[1], 0)
+        if has_mask:
+            mask_copy(first, slot).wait()
 
     if has_sinks:
         m_ref[...] = sink_ref[...]
@@ -175,19 +184,16 @@ def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo
 
     @pl.when(count > 0)
     def _():
-        for c in copies(0, 0):
-            c.start()
+        start(0, 0)
 
     def body(i, carry):
         slot = i % 2
 
         @pl.when(i + 1 < count)
         def _():
-            for c in copies(i + 1, 1 - slot):
-                c.start()
+            start(i + 1, 1 - slot)
 
-        for c in copies(i, slot):
-            c.wait()
+        wait(slot)
         key_idx = (first + i) * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         visible = (key_idx >= lo_ref[0]) & (key_idx < hi_ref[0])  # [bq, bk]
         if has_mask:
