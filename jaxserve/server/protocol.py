@@ -7,6 +7,7 @@ vocabulary, prompt length, sampling ranges) are checked by the engine, whose err
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import (
@@ -83,53 +84,125 @@ class StreamOptions(_Strict):
     include_usage: StrictBool = False
 
 
+MAX_N = 64  # choices per OpenAI request (`n`)
+
+
+class JsonSchemaFormat(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`: text (no constraint), json_object (any JSON object), json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return self
+
+    def grammar(self) -> dict[str, str]:
+        """The SGLang sampling parameter this format stands for ({} for text)."""
+        if self.type == "json_object":
+            return {"json_schema": json.dumps({"type": "object"})}
+        if self.type == "json_schema":
+            return {"json_schema": json.dumps(self.json_schema.schema_)}
+        return {}
+
+
 class _OpenAISampling(_Strict):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names, SGLang extras)."""
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names, SGLang extras).
+
+    `store`, `metadata`, `user` and `service_tier` are accepted and ignored (they change no output); any
+    other unknown field is a 400. `n` choices share the prompt's prefill (see `parallel`)."""
 
     model: str | None = None
-    temperature: StrictFloat | None = None
-    top_p: StrictFloat | None = None
+    temperature: StrictFloat | StrictInt | None = None
+    top_p: StrictFloat | StrictInt | None = None
     top_k: StrictInt | None = None
-    min_p: StrictFloat | None = None
-    n: Literal[1] = 1
+    min_p: StrictFloat | StrictInt | None = None
+    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     seed: StrictInt | None = None
-    frequency_penalty: StrictFloat | None = None
-    presence_penalty: StrictFloat | None = None
-    repetition_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | StrictInt | None = None
+    presence_penalty: StrictFloat | StrictInt | None = None
+    repetition_penalty: StrictFloat | StrictInt | None = None
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool | None = None
     skip_special_tokens: StrictBool | None = None
+    logit_bias: dict[str, StrictFloat | StrictInt] | None = None
+    response_format: ResponseFormat | None = None
+    json_schema: StrictStr | None = None  # SGLang's constrained decoding extras
+    regex: StrictStr | None = None
+    ebnf: StrictStr | None = None
+    # accepted and ignored
     user: str | None = None
+    store: StrictBool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
 
     def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        """The engine's sampling params for one choice (logprob fields are added by each request kind)."""
         names = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "frequency_penalty",
                  "presence_penalty", "repetition_penalty", "stop_token_ids", "ignore_eos",
-                 "skip_special_tokens")
+                 "skip_special_tokens", "logit_bias", "json_schema", "regex", "ebnf")
         params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if self.response_format is not None:
+            grammar = self.response_format.grammar()
+            if grammar and any(k in params for k in ("json_schema", "regex", "ebnf")):
+                raise ValueError("give response_format or one of json_schema / regex / ebnf, not both")
+            params.update(grammar)
         if max_new_tokens is not None:
             params["max_new_tokens"] = max_new_tokens
         return params
 
 
 class CompletionRequest(_OpenAISampling):
-    """`/v1/completions`: one prompt (text or token ids); `max_tokens` defaults to 16 as in OpenAI."""
+    """`/v1/completions`: one prompt or a list (text or token ids; n choices each, in prompt-major order);
+    `max_tokens` defaults to 16 as in OpenAI. `logprobs: k` reports each token's logprob and the k most
+    likely ones; `echo` prepends the prompt to the text (prompt logprobs are not computed: with echo,
+    logprobs is refused)."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
-    echo: Literal[False] = False
-    logprobs: None = None
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    best_of: StrictInt | None = None
 
     @model_validator(mode="after")
-    def _single(self) -> CompletionRequest:
-        p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], str | list):
-            if len(p) != 1:
-                raise ValueError("a list of prompts is not supported yet: send one prompt per request")
-            self.prompt = p[0]
+    def _check(self) -> CompletionRequest:
+        if not self.prompts:
+            raise ValueError("the prompt list is empty")
+        if len(self.prompts) * self.n > MAX_BATCH:
+            raise ValueError(f"{len(self.prompts)} prompts x n={self.n} choices; at most {MAX_BATCH}")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported (every choice is returned)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs (prompt logprobs) is not supported yet")
         return self
+
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        """One entry per prompt: a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], str | list):
+            return list(p)
+        return [p]
+
+    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        params = super().sampling_params(max_new_tokens)
+        if self.logprobs is not None:
+            params.update(return_logprob=True, top_logprobs_num=self.logprobs)
+        return params
 
 
 class ChatMessage(_Strict):
@@ -150,13 +223,50 @@ class ChatMessage(_Strict):
 
 
 class ChatCompletionRequest(_OpenAISampling):
-    """`/v1/chat/completions`: `messages` rendered with the model's chat template."""
+    """`/v1/chat/completions`: `messages` rendered with the model's chat template. `logprobs` reports each
+    token's logprob, `top_logprobs` (0..20) the most likely tokens at each step."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        params = super().sampling_params(max_new_tokens)
+        if self.logprobs:
+            params.update(return_logprob=True, top_logprobs_num=self.top_logprobs or 0)
+        return params
+
+
+class TokenizeRequest(_Strict):
+    """`/tokenize`: `prompt` text (or chat `messages`, rendered with the template) -> token ids."""
+
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """`/detokenize`: token ids -> text."""
+
+    tokens: list[StrictInt]
+    model: str | None = None
+    skip_special_tokens: StrictBool = True

@@ -1,24 +1,35 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (streaming over SSE with
-incremental deltas, `data: [DONE]` last; `stream_options.include_usage` adds a usage chunk).
+"""OpenAI-compatible routes: /v1/models (and /v1/models/{id}), /v1/completions, /v1/chat/completions
+(streaming over SSE with incremental deltas, `data: [DONE]` last; `stream_options.include_usage` adds a
+usage chunk), and the tokenizer routes /tokenize and /detokenize.
 
 Chat prompts are the model's chat template (tokenizer_config.json) rendered over `messages`, tokenized
 without adding special tokens (the template places them); a model without a template answers 400.
+`n` choices per prompt share its prefill (`parallel`); a list of prompts in /v1/completions gives
+`len(prompts) * n` choices, prompt-major. Logprobs are of the model's raw distribution
+(`jaxserve.sampling.logprobs`). Usage counts every prompt once and every choice's output.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from jaxserve.server import streaming
+from jaxserve.server import openai_logprobs, parallel, streaming
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
-from jaxserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from jaxserve.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 
 
 def _finish_reason(meta: dict) -> str | None:
@@ -26,88 +37,188 @@ def _finish_reason(meta: dict) -> str | None:
     return None if reason is None else reason.get("type")
 
 
-def _usage(meta: dict) -> dict:
-    return {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
-            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": meta["cached_tokens"]}}
+def _usage(metas: list[dict], n: int) -> dict:
+    prompt = sum(m["prompt_tokens"] for m in metas[::n])
+    completion = sum(m["completion_tokens"] for m in metas)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in metas[::n])}}
 
 
-@router.get("/models")
+def _model_card(state) -> dict:
+    return {"id": state.served_model_name, "object": "model", "created": state.created,
+            "owned_by": "jaxserve", "root": state.model_path, "max_model_len": state.context_length}
+
+
+@router.get("/v1/models")
 async def models(request: Request) -> dict:
+    return {"object": "list", "data": [_model_card(request.app.state.server)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> dict:
     state = request.app.state.server
-    return {"object": "list", "data": [{"id": state.served_model_name, "object": "model",
-                                        "created": state.created, "owned_by": "jaxserve",
-                                        "root": state.model_path, "max_model_len": state.context_length}]}
+    if model_id != state.served_model_name:
+        raise APIError(404, f"model {model_id!r} does not exist; this server serves "
+                            f"{state.served_model_name!r}")
+    return _model_card(state)
 
 
-@router.post("/completions")
-async def completions(body: CompletionRequest, request: Request):
-    state = request.app.state.server
-    if isinstance(body.prompt, str):
-        if not state.has_tokenizer:
-            raise APIError(400, "this model has no tokenizer: send the prompt as token ids")
-        prompts, ids = [body.prompt], None
-    else:
-        prompts, ids = None, [body.prompt]
-    params = body.sampling_params(body.max_tokens)
-    [(rid, events)] = await state.loop.submit(prompts, ids, [params])
-    return await _respond(state, body, request, rid, events, chat=False)
+def _params(body, max_new_tokens: int | None) -> dict[str, Any]:
+    try:
+        return body.sampling_params(max_new_tokens)
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
 
 
-@router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request):
-    state = request.app.state.server
+def _tokenizer(state):
+    tokenizer = state.loop.engine.tokenizer
+    if tokenizer is None:
+        raise APIError(400, "this model has no tokenizer: send token ids")
+    return tokenizer
+
+
+def _rendered_chat(state, messages: list[ChatMessage]) -> str:
     if state.chat_template is None:
         raise APIError(400, "this model has no chat template (tokenizer_config.json 'chat_template'); "
                             "use /v1/completions or /generate with a raw prompt")
     try:
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                    for m in body.messages]
+        rendered = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in messages]
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
-    text = state.chat_template.render(messages, add_generation_prompt=True)
+    return state.chat_template.render(rendered, add_generation_prompt=True)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state = request.app.state.server
+    prompts = body.prompts
+    is_text = isinstance(prompts[0], str)
+    if is_text and not state.has_tokenizer:
+        raise APIError(400, "this model has no tokenizer: send the prompt as token ids")
+    params = _params(body, body.max_tokens)
+    handles = await parallel.submit(state.loop, prompts if is_text else None, None if is_text else prompts,
+                                    params, body.n, request)
+    echoes = [""] * len(prompts)
+    if body.echo:
+        tokenizer = _tokenizer(state)
+        echoes = [p if is_text else tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    reply = _Reply(state, body, chat=False, echoes=[e for e in echoes for _ in range(body.n)])
+    return await reply.respond([h for per_prompt in handles for h in per_prompt], request)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = request.app.state.server
+    text = _rendered_chat(state, body.messages)
+    params = _params(body, body.max_new_tokens)
     ids = await state.loop.call(lambda engine: engine.tokenizer.encode(text, add_special_tokens=False))
-    [(rid, events)] = await state.loop.submit(None, [ids], [body.sampling_params(body.max_new_tokens)])
-    return await _respond(state, body, request, rid, events, chat=True)
+    [handles] = await parallel.submit(state.loop, None, [ids], params, body.n, request)
+    return await _Reply(state, body, chat=True, echoes=[""] * body.n).respond(handles, request)
 
 
-async def _respond(state, body, request: Request, rid: str, events, *, chat: bool):
-    head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, "created": int(time.time()),
-            "model": body.model or state.served_model_name}
-    if body.stream:
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(_stream(state.loop, rid, events, head, chat, usage),
-                                 media_type="text/event-stream")
-    event = await streaming.collect(state.loop, rid, events, request)
-    reason = _finish_reason(event.meta_info)
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
-                  "finish_reason": reason}
-    else:
-        choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": reason}
-    return {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
-            "usage": _usage(event.meta_info)}
+class _Reply:
+    """Builds one OpenAI response (or stream) over a request's choices."""
 
+    def __init__(self, state, body, *, chat: bool, echoes: list[str]) -> None:
+        self.state, self.body, self.chat, self.echoes = state, body, chat, echoes
+        self.head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, "created": int(time.time()),
+                     "model": body.model or state.served_model_name}
+        self.with_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+        self._texts: dict[int, str] = {}
 
-async def _stream(loop, rid: str, events, head: dict, chat: bool, include_usage: bool):
-    kind = "chat.completion.chunk" if chat else "text_completion"
+    def token_text(self, token_id: int) -> str:
+        if token_id not in self._texts:
+            tokenizer = self.state.loop.engine.tokenizer
+            self._texts[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
+        return self._texts[token_id]
 
-    def chunk(delta_text: str | None, reason: str | None, *, role: bool = False) -> str:
-        if chat:
-            delta = {"role": "assistant", "content": ""} if role else \
-                ({"content": delta_text} if delta_text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+    def logprobs(self, meta: dict, start: int, stop: int | None, offset: int) -> dict | None:
+        if not self.with_logprobs:
+            return None
+        items = openai_logprobs.entries(meta, start, stop)
+        if self.chat:
+            return openai_logprobs.chat_logprobs(items, self.token_text)
+        return openai_logprobs.completion_logprobs(items, self.token_text, offset)
+
+    async def respond(self, handles: list[parallel.Handle], request: Request):
+        if self.body.stream:
+            return StreamingResponse(self._stream(handles), media_type="text/event-stream")
+        events = await streaming.collect_all(self.state.loop, handles, request)
+        choices = []
+        for index, event in enumerate(events):
+            meta, reason = event.meta_info, _finish_reason(event.meta_info)
+            echo = self.echoes[index]
+            logprobs = self.logprobs(meta, 0, None, len(echo))
+            if self.chat:
+                choices.append({"index": index, "message": {"role": "assistant", "content": event.text},
+                                "logprobs": logprobs, "finish_reason": reason})
+            else:
+                choices.append({"index": index, "text": echo + event.text, "logprobs": logprobs,
+                                "finish_reason": reason})
+        return {**self.head, "object": "chat.completion" if self.chat else "text_completion",
+                "choices": choices, "usage": _usage([e.meta_info for e in events], self.body.n)}
+
+    def _chunk(self, index: int, text: str | None, reason: str | None, logprobs: dict | None, *,
+               role: bool = False) -> str:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": reason}
-        return streaming.sse({**head, "object": kind, "choices": [choice]})
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return streaming.sse({**self.head, "object": kind, "choices": [choice]})
 
-    if chat:
-        yield chunk(None, None, role=True)
-    last: Event | None = None
-    async for event in streaming.iterate(loop, rid, events):
-        last = event
-        if event.delta_text or event.finished:
-            yield chunk(event.delta_text, _finish_reason(event.meta_info) if event.finished else None)
-    if include_usage and last is not None:
-        yield streaming.sse({**head, "object": kind, "choices": [], "usage": _usage(last.meta_info)})
-    yield streaming.DONE
+    async def _stream(self, handles: list[parallel.Handle]):
+        sent = [0] * len(handles)  # output tokens whose logprobs were sent
+        offsets = [len(e) for e in self.echoes]
+        finals: list[dict | None] = [None] * len(handles)
+        for index in range(len(handles)):
+            if self.chat:
+                yield self._chunk(index, None, None, None, role=True)
+            elif self.echoes[index]:
+                yield self._chunk(index, self.echoes[index], None, None)
+        async for index, event in parallel.merge(self.state.loop, handles):
+            event: Event
+            num_ids = event.meta_info["completion_tokens"]
+            if not (event.delta_text or event.finished or (self.with_logprobs and num_ids > sent[index])):
+                continue
+            logprobs = self.logprobs(event.meta_info, sent[index], num_ids, offsets[index])
+            sent[index] = num_ids
+            offsets[index] += len(event.delta_text)
+            if event.finished:
+                finals[index] = event.meta_info
+            yield self._chunk(index, event.delta_text, _finish_reason(event.meta_info) if event.finished
+                              else None, logprobs)
+        usage = self.body.stream_options is not None and self.body.stream_options.include_usage
+        if usage and all(f is not None for f in finals):
+            yield streaming.sse({**self.head, "object": "chat.completion.chunk" if self.chat else
+                                 "text_completion", "choices": [], "usage": _usage(finals, self.body.n)})
+        yield streaming.DONE
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    """{"tokens", "count", "max_model_len"}; `messages` are rendered with the chat template first (then no
+    special tokens are added: the template places them)."""
+    state = request.app.state.server
+    tokenizer = _tokenizer(state)
+    if body.messages is not None:
+        text, special = _rendered_chat(state, body.messages), False
+    else:
+        text, special = body.prompt, body.add_special_tokens
+    ids = await state.loop.call(lambda engine: tokenizer.encode(text, add_special_tokens=special))
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.context_length}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    state = request.app.state.server
+    tokenizer = _tokenizer(state)
+    vocab_size = state.server_info["vocab_size"]
+    bad = [t for t in body.tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"token ids {bad[:8]} are outside the vocabulary [0, {vocab_size})")
+    text = await state.loop.call(lambda engine: tokenizer.decode(body.tokens,
+                                                                 skip_special_tokens=body.skip_special_tokens))
+    return {"text": text}

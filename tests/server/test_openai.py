@@ -19,14 +19,14 @@ def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def chat_ids(reference, model_dir) -> list[int]:
+def chat_ids(reference, model_dir, messages: list[dict] = MESSAGES) -> list[int]:
     """The prompt the server should build: tokenizer_config.json's template rendered here with plain jinja2
     (HF's settings), tokenized without added special tokens."""
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     text = env.from_string(config["chat_template"]).render(
-        messages=MESSAGES, add_generation_prompt=True, bos_token=reference.tokenizer.bos_token or "",
+        messages=messages, add_generation_prompt=True, bos_token=reference.tokenizer.bos_token or "",
         eos_token=reference.tokenizer.eos_token or "")
     return reference.tokenizer.encode(text, add_special_tokens=False)
 
@@ -74,7 +74,7 @@ def test_bad_requests_raise_bad_request_error(oai):
     with pytest.raises(openai.BadRequestError, match="top_p"):
         oai.completions.create(model="any", prompt="x", max_tokens=2, top_p=0)
     with pytest.raises(openai.BadRequestError, match="n"):
-        oai.completions.create(model="any", prompt="x", max_tokens=2, n=2)
+        oai.completions.create(model="any", prompt="x", max_tokens=2, n=65)
     with pytest.raises(openai.BadRequestError, match="messages"):
         oai.chat.completions.create(model="any", messages=[], max_tokens=2)
 
