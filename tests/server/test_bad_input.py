@@ -65,7 +65,6 @@ CASES = [
      "not supported"),
     ("completion-max-tokens-string", "POST", "/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400,
      "max_tokens"),
-    ("completion-prompt-batch", "POST", "/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt"),
     ("completion-empty-prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "empty"),
 ]
 
