@@ -73,6 +73,17 @@ def normalise_params(sampling_params: ParamsArg, num_requests: int, vocab_size: 
     return out
 
 
+def check_text(text: str, what: str) -> None:
+    """Raise InvalidRequestError unless `text` is valid Unicode (a lone UTF-16 surrogate, e.g. from a JSON
+    escape such as \\ud800, cannot be encoded as UTF-8 nor tokenized)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"{what} is not valid Unicode text: a lone surrogate "
+                                  f"U+{ord(text[exc.start]):04X} at character {exc.start}; send UTF-8 text"
+                                  ) from None
+
+
 def prepare_request(item: str | Sequence[int], params: SamplingParams, index: int, *, tokenizer,
                     vocab_size: int, context_length: int, kv: KVCache) -> tuple[np.ndarray, SamplingParams]:
     """Tokenize and check one request against the vocabulary, the context and the pool. Returns its int32
@@ -82,6 +93,7 @@ def prepare_request(item: str | Sequence[int], params: SamplingParams, index: in
     if isinstance(item, str):
         if tokenizer is None:
             raise InvalidRequestError("this engine has no tokenizer: pass input_ids instead of text")
+        check_text(item, f"request {index}: the prompt")
         item = tokenizer.encode(item)
     ids = check_token_ids(item, vocab_size, index)
     if params.stop and tokenizer is None:

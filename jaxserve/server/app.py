@@ -18,10 +18,12 @@ from fastapi import FastAPI
 
 from jaxserve.engine import Engine
 from jaxserve.server.chat_template import ChatTemplate, chat_template_for
+from jaxserve.server.compile_cache import CompileLog
 from jaxserve.server.engine_loop import EngineLoop
 from jaxserve.server.errors import install_error_handlers
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.middleware import DEFAULT_MAX_BODY_BYTES, ApiKeyAuth, BodySizeLimit, JsonBodies
+from jaxserve.server.warmup import Warmup
 
 
 @dataclasses.dataclass
@@ -33,7 +35,7 @@ class ServerState:
     model_path: str
     tokenizer_path: str
     served_model_name: str
-    context_length: int
+    context_length: int  # the longest prompt + output a request can have: the model's, capped by the pool
     chat_template: ChatTemplate | None
     server_info: dict[str, Any]
     has_tokenizer: bool
@@ -42,21 +44,28 @@ class ServerState:
 
 def create_app(engine: Engine, *, served_model_name: str | None = None, tokenizer_path: str | None = None,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               launch_info: dict[str, Any] | None = None) -> FastAPI:
+               launch_info: dict[str, Any] | None = None, metrics_prefix: str = "sglang",
+               log_interval: int = 40, log_requests: bool = False,
+               compile_log: CompileLog | None = None, warmup: bool = False) -> FastAPI:
     """An ASGI app serving `engine` (which the app's engine thread then owns: do not call it elsewhere).
-    `launch_info` is merged into /get_server_info (e.g. the HTTP settings)."""
+    `launch_info` is merged into /get_server_info (e.g. the HTTP settings); `metrics_prefix` names the
+    Prometheus metrics (`sglang` or `jaxserve`); `log_interval`, `log_requests`, `compile_log`: see
+    `EngineLoop`; `warmup`: compile the step programs with synthetic requests while serving (see
+    `server.warmup`)."""
     from jaxserve.server import routes_native, routes_openai
 
-    metrics = ServerMetrics()
-    loop = EngineLoop(engine, metrics)
     model_path = str(engine.args.model_path or "<in-memory model>")
+    metrics = ServerMetrics(model_name=served_model_name or model_path, prefix=metrics_prefix)
+    plan = Warmup(tuple(engine.buckets.seqs), engine.vocab_size) if warmup else None
+    loop = EngineLoop(engine, metrics, log_interval=log_interval, log_requests=log_requests,
+                      compile_log=compile_log, warmup=plan)
     info = {**dataclasses.asdict(engine.args), **(launch_info or {}), "context_length": engine.context_length,
             "max_request_tokens": engine.kv.max_request_tokens, "vocab_size": engine.vocab_size,
             "version": _version()}
     state = ServerState(loop=loop, metrics=metrics, model_path=model_path,
                         tokenizer_path=str(tokenizer_path or model_path),
                         served_model_name=served_model_name or model_path,
-                        context_length=engine.context_length,
+                        context_length=min(engine.context_length, engine.kv.max_request_tokens),
                         chat_template=chat_template_for(engine.tokenizer),
                         server_info=info, has_tokenizer=engine.tokenizer is not None)
 

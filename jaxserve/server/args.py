@@ -11,6 +11,11 @@ which case the value is passed through unchanged.
 `--attention-backend` takes our backend names and SGLang's (`triton`, `fa3`, `flashinfer`, `torch_native`,
 ...): `jaxserve.server.attention_choice` maps each onto the best backend of ours on this platform, and the
 launcher prints one line naming the choice (a warning when the asked-for kernel cannot run here).
+
+Operations: `--compilation-cache-dir` / `--disable-compilation-cache` (JAX's persistent compilation cache,
+on by default), `--metrics-prefix`, `--enable-metrics` (SGLang's flag; metrics are always on),
+`--log-requests`, `--decode-log-interval`. Without `--random-seed` the server draws a random base seed for
+unseeded requests at start (SGLang's behaviour: sampling differs across restarts).
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ class LaunchArgs:
     engine_kwargs: dict[str, Any]
     log_level: str = "warning"
     attention_choice: BackendChoice | None = None  # how --attention-backend was resolved, when given
+    compilation_cache_dir: str | None = None  # None: the default directory (see server.compile_cache)
+    disable_compilation_cache: bool = False
+    metrics_prefix: str = "sglang"
+    log_requests: bool = False
+    decode_log_interval: int = 40  # busy steps between interval log lines (0: none)
 
 
 # (flag, type, help). Engine flags map to the ServerArgs field of the same name (dashes -> underscores).
@@ -58,7 +68,7 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--max-running-requests", int, "most requests decoding at once"),
     ("--context-length", int, "longest prompt + output (default: the model's)"),
     ("--swa-full-tokens-ratio", float, "SWA pool size relative to the full pool (hybrid SWA models)"),
-    ("--random-seed", int, "base seed of requests without their own"),
+    ("--random-seed", int, "base seed of requests without their own (default: random per start)"),
     ("--attention-backend", str, "attention kernels: ours (native, xla, ...) or SGLang's names (triton, "
                                  "fa3, flashinfer, torch_native, ...), mapped to the best of ours here"),
     ("--mem-fraction-static", float, "not supported yet: size the KV pool with --max-total-tokens"),
@@ -72,7 +82,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
 _ENGINE_SWITCHES = (
     ("--disable-radix-cache", "no prefix reuse across requests"),
     ("--disable-overlap-schedule", "apply each step's results before dispatching the next"),
-    ("--warmup", "jaxserve: compile every step shape before serving (slower start, no compile pauses)"),
+    ("--warmup", "jaxserve: compile the common step programs with synthetic requests while serving "
+                 "(/health reports the progress)"),
 )
 # Accepted only with these values until the engine has a ServerArgs field for them.
 _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {"tp_size": (1,)}
@@ -92,7 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every route but /health")
     parser.add_argument("--served-model-name", help="model name in /v1 responses (default: the path)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
-                        help="uvicorn's log level (info adds an access log line per request)")
+                        help="uvicorn's log level (info adds an access log line per request); jaxserve's own "
+                             "lines are at info unless this is error")
+    ops = parser.add_argument_group("operations")
+    ops.add_argument("--compilation-cache-dir", default=None,
+                     help="JAX persistent compilation cache (default: ~/.cache/jaxserve/jax, or "
+                          "$JAX_COMPILATION_CACHE_DIR)")
+    ops.add_argument("--disable-compilation-cache", action="store_true", default=False,
+                     help="compile every step program afresh at each start")
+    ops.add_argument("--enable-metrics", action="store_true", default=False,
+                     help="accepted for SGLang compatibility: /metrics is always on")
+    ops.add_argument("--metrics-prefix", default="sglang", choices=("sglang", "jaxserve"),
+                     help="Prometheus metric name prefix (default sglang:, for SGLang dashboards)")
+    ops.add_argument("--log-requests", action="store_true", default=False,
+                     help="one log line per finished request (token counts and latency, no text)")
+    ops.add_argument("--decode-log-interval", type=int, default=40,
+                     help="busy steps between 'Decode batch' log lines (0: none)")
     group = parser.add_argument_group("engine (jaxserve.engine.ServerArgs)")
     for flag, kind, text in _ENGINE_FLAGS:
         group.add_argument(flag, type=kind, default=None, help=text)
@@ -132,6 +158,8 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
         except (OSError, ValueError) as exc:
             parser.error(str(exc))
     ns = parser.parse_args(argv)
+    if ns.decode_log_interval < 0:
+        parser.error(f"--decode-log-interval {ns.decode_log_interval}: must be >= 0")
     choice = None
     if ns.attention_backend is not None:
         try:
@@ -149,7 +177,11 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
     return LaunchArgs(model_path=ns.model_path, tokenizer_path=ns.tokenizer_path,
                       host=ns.host or DEFAULT_HOST, port=DEFAULT_PORT if ns.port is None else ns.port,
                       api_key=ns.api_key, served_model_name=ns.served_model_name, engine_kwargs=engine_kwargs,
-                      log_level=ns.log_level, attention_choice=choice)
+                      log_level=ns.log_level, attention_choice=choice,
+                      compilation_cache_dir=ns.compilation_cache_dir,
+                      disable_compilation_cache=ns.disable_compilation_cache,
+                      metrics_prefix=ns.metrics_prefix,
+                      log_requests=ns.log_requests, decode_log_interval=ns.decode_log_interval)
 
 
 def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,19 @@
 """`EngineLoop`: one thread owns the (not thread-safe) `Engine`; asyncio handlers talk to it via a queue.
 
 Commands (submit, abort, any `fn(engine)`) go into a `queue.Queue`; the thread runs them between steps and
-answers through asyncio futures. After every `engine.step()` it publishes, for each live request with new
+answers through asyncio futures. After every `engine.step()` it first replaces `snapshot` (slot accounting,
+running/waiting counts, and while nothing is live the ownership proof: what control-plane reads such as
+/get_server_info return without waiting for the thread), then publishes, for each live request with new
 tokens, one `Event` to that request's `asyncio.Queue` (via `loop.call_soon_threadsafe`). A finished or
 aborted request gets a final event and is forgotten by the engine (no record is kept).
+
+Logging (`server_log`): every `log_interval` busy steps one interval line; a step that waited on compilation
+one compile-stall line; with `log_requests` one line per finished request.
+
+Faults: a step that raises fails the requests it ran (their clients get a 500 naming the error), which are
+aborted; the ownership proof runs again and the loop goes on serving the queue. `MAX_STEP_FAILURES` failed
+steps in a row (or a broken proof) mean the engine itself is broken: every pending request fails and the
+server answers 503 until restarted.
 
 Ownership: a request's KV belongs to the engine until it finishes; `abort(rid)` (e.g. on client disconnect)
 frees it at the next command drain. `stop()` aborts everything still live and joins the thread.
@@ -16,14 +26,19 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxserve.engine import Engine
+from jaxserve.server import server_log
+from jaxserve.server.compile_cache import CompileLog
 from jaxserve.server.errors import APIError
-from jaxserve.server.metrics import ServerMetrics
+from jaxserve.server.metrics import ServerMetrics, kv_usage
+from jaxserve.server.warmup import Warmup
 
 logger = logging.getLogger("jaxserve.server")
+MAX_STEP_FAILURES = 3  # failed steps in a row after which the engine is declared dead (503 until restart)
 
 
 @dataclasses.dataclass
@@ -48,9 +63,24 @@ class _Live:
 class EngineLoop:
     """Runs `engine` on a daemon thread. Coroutines must be awaited on the event loop given to `start`."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, *, log_interval: int = 40,
+                 log_requests: bool = False, compile_log: CompileLog | None = None,
+                 warmup: Warmup | None = None) -> None:
+        """`log_interval`: busy steps between interval lines (0: none); `compile_log`: the process's
+        compile counter, for compile-stall lines (None: no such lines); `warmup`: synthetic requests run
+        on this thread next to real ones until its plan is done."""
         self.engine = engine
+        self.warmup = warmup
         self.metrics = metrics
+        self.log_interval = log_interval
+        self.log_requests = log_requests
+        self.compile_log = compile_log
+        self.num_finished = 0
+        self.num_aborted = 0
+        self.snapshot: dict[str, Any] = {}
+        self._memory_stale = True  # something may have changed the pool since the last ownership proof
+        self._busy_steps = 0
+        self._step_failures = 0  # failed steps in a row
         self._commands: queue.Queue = queue.Queue()
         self._live: dict[str, _Live] = {}
         self._stopping = threading.Event()
@@ -92,6 +122,15 @@ class EngineLoop:
         """Abort a live request (no-op once finished). Safe from any thread; does not wait."""
         self._commands.put((lambda engine: self._abort(engine, rid), None))
 
+    async def abort_live(self, rid: str) -> bool:
+        """Abort `rid` if it is live; returns whether it was (False: unknown or already finished)."""
+        def abort(engine: Engine) -> bool:
+            live = rid in self._live
+            self._abort(engine, rid)
+            return live
+
+        return await self.call(abort)
+
     def abort_all(self) -> None:
         """Abort every live request (shutdown: open streams end with finish_reason abort at once instead of
         running until the graceful-shutdown timeout). Safe from any thread; does not wait."""
@@ -122,17 +161,25 @@ class EngineLoop:
             return
         engine.abort(rid)
         self.metrics.on_abort()
+        self.num_aborted += 1
         self._publish(engine, [rid])
 
     def _run(self) -> None:
         engine = self.engine
         try:
+            self._take_snapshot(engine)
             while not self._stopping.is_set():
                 self._drain(block=engine.idle)
+                if self.warmup is not None and not self.warmup.finished:
+                    self.warmup.advance(engine)
+                self._take_snapshot(engine)  # commands (submit, abort) show before the step runs
                 if not engine.idle:
-                    engine.step()
+                    try:
+                        self._step(engine)
+                    except Exception as exc:  # isolated in _fail_step, re-raised when it persists
+                        self._fail_step(engine, exc)
+                    self._take_snapshot(engine)
                     self._publish(engine, list(self._live))
-                self.metrics.on_step(engine)
         except Exception as exc:  # a bug: report it on every pending request, keep the process up (503s)
             self.error = exc
             logger.exception("the engine failed; the server now answers 503 until restarted")
@@ -141,6 +188,75 @@ class EngineLoop:
             if self.error is None:  # orderly stop: abort what is left (a failed engine is not touched)
                 for rid in list(self._live):
                     self._abort(engine, rid)
+
+    def _step(self, engine: Engine) -> None:
+        """One engine step, logging a compile stall (a step that compiled) and, every `log_interval` busy
+        steps, the interval line."""
+        compiles = self._compiles()
+        num_reqs = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+        t0 = time.perf_counter()
+        engine.step()
+        self._step_failures = 0
+        self._memory_stale = True
+        seconds = time.perf_counter() - t0
+        new, hits = (a - b for a, b in zip(self._compiles(), compiles, strict=True))
+        if new or hits:
+            logger.info(server_log.compile_stall_line(num_reqs=num_reqs, seconds=seconds, num_compiles=new,
+                                                      num_cache_hits=hits))
+        self._busy_steps += 1
+        if self.log_interval and self._busy_steps % self.log_interval == 0:
+            self._log_interval(engine)
+
+    def _fail_step(self, engine: Engine, exc: Exception) -> None:
+        """A step raised: fail and abort the requests it ran (every running request, queued ones stay; when
+        none was running, the queued ones it was admitting), prove the pool's ownership again and go on
+        serving. Re-raises (the engine is then declared dead) after `MAX_STEP_FAILURES` failed steps in a
+        row or when the ownership proof fails."""
+        self._step_failures += 1
+        victims = list(engine.scheduler.running) or list(engine.scheduler.waiting)
+        logger.error(f"a step failed ({self._step_failures} in a row): failing its {len(victims)} requests",
+                     exc_info=exc)
+        if self._step_failures >= MAX_STEP_FAILURES:
+            raise exc
+        for req in victims:
+            engine.abort(req.rid)
+            live = self._live.pop(req.rid, None)
+            if live is not None:
+                engine.forget(req.rid)
+                self.metrics.on_abort()
+                self.num_aborted += 1
+                self._loop.call_soon_threadsafe(live.events.put_nowait, exc)
+        engine.check_memory()
+
+    def _compiles(self) -> tuple[int, int]:
+        log = self.compile_log
+        return (0, 0) if log is None else (log.num_compiles, log.num_cache_hits)
+
+    def _log_interval(self, engine: Engine) -> None:
+        usage = kv_usage(engine)
+        gauges = self.metrics.snapshot()
+        logger.info(server_log.interval_line(
+            num_running=len(engine.scheduler.running), num_queue=len(engine.scheduler.waiting),
+            used_tokens=usage.used_slots, token_usage=usage.token_usage,
+            cache_hit_rate=gauges["cache_hit_rate"], throughput=gauges["throughput"],
+            accept_length=gauges["accept_length"]))
+
+    def _take_snapshot(self, engine: Engine) -> None:
+        """Publish the state control-plane reads see (one dict, replaced whole: readers on other threads
+        never see a half-built one). The ownership proof runs only while nothing is live and only when
+        something happened since the last one; otherwise the last proof's fields are absent."""
+        usage = kv_usage(engine)
+        num_running, num_waiting = len(engine.scheduler.running), len(engine.scheduler.waiting)
+        self.metrics.on_step(usage, num_running, num_waiting)
+        memory = {**usage.as_dict(), "num_running": num_running, "num_waiting": num_waiting}
+        previous = self.snapshot.get("memory", {})
+        if num_running == num_waiting == 0 and engine.idle:
+            if self._memory_stale or "checked" not in previous:
+                memory.update(engine.check_memory(), checked=True)
+                self._memory_stale = False
+            else:
+                memory = previous
+        self.snapshot = {"memory": memory, "time": time.time()}
 
     def _drain(self, block: bool) -> None:
         while True:
@@ -151,6 +267,7 @@ class EngineLoop:
             if command is None:
                 return
             block = False
+            self._memory_stale = True
             fn, future = command
             try:
                 result = fn(self.engine)
@@ -177,6 +294,9 @@ class EngineLoop:
             if req.finished:
                 event.text, event.output_ids = req.stop.text, list(req.output_ids)
                 self.metrics.on_finish(req, meta)
+                self.num_finished += 1
+                if self.log_requests:
+                    logger.info(server_log.request_line(rid, meta))
                 engine.forget(rid)
                 del self._live[rid]
             self._loop.call_soon_threadsafe(live.events.put_nowait, event)

@@ -26,6 +26,10 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundErro
           503: "ServiceUnavailableError"}
 
 
+# FastAPI's detail when reading the body itself fails (not a JSON syntax error, which it reports itself)
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
 class APIError(Exception):
     """Raise in a route to answer `status` with `message`."""
 
@@ -82,7 +86,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == _FASTAPI_BODY_ERROR:  # e.g. bytes that are not UTF-8
+            message = "malformed JSON body: it could not be decoded as UTF-8 JSON"
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     async def _on_known(_: Request, exc: Exception) -> JSONResponse:
         return error_response(status_of(exc), describe(exc))

@@ -2,20 +2,32 @@
 
 Once the socket listens and the engine thread runs, one line `jaxserve ready on http://HOST:PORT` is printed
 to stdout (tests and scripts wait for it; with `--port 0` it carries the port the OS chose), followed by a
-curl command and the send_one command. On SIGINT/SIGTERM uvicorn stops accepting connections, lets open
-ones finish for up to `GRACEFUL_SHUTDOWN_S`, then the engine thread aborts what is left; exit status 0.
+curl command and the send_one command (the API key, when set, is never printed). On SIGINT/SIGTERM uvicorn
+stops accepting connections, lets open ones finish for up to `GRACEFUL_SHUTDOWN_S`, then the engine thread
+aborts what is left, one `Shutdown:` line goes to stderr; exit status 0.
+
+Before the engine is built, JAX's persistent compilation cache is turned on (`server.compile_cache`; a
+restarted server then loads its step programs instead of compiling them) and the `jaxserve` loggers are
+set up (`server.server_log`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
+import secrets
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 
+from jaxserve.server import compile_cache, server_log, warmup
 from jaxserve.server.args import LaunchArgs, UnsupportedFlagError, parse_launch_args
+
+logger = logging.getLogger("jaxserve.server")
 
 GRACEFUL_SHUTDOWN_S = 20  # live requests are aborted first; this covers a step (or a compile) in flight
 
@@ -56,10 +68,12 @@ def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
 
 
 def build_engine(args: LaunchArgs):
-    """The Engine for `args` (model loaded from disk; `--tokenizer-path` loads the tokenizer separately)."""
+    """The Engine for `args` (model loaded from disk; `--tokenizer-path` loads the tokenizer separately).
+    `--warmup` is not the engine's here: the server warms up while it serves (`server.warmup`)."""
     from jaxserve.engine import Engine
 
     model_path, kwargs = resolve_model(args)
+    kwargs.pop("warmup", None)
     if args.tokenizer_path is None:
         return Engine(model_path=model_path, **kwargs)
     from jaxserve.engine.config import ServerArgs
@@ -92,8 +106,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def banner(host: str, port: int, api_key: str | None) -> str:
+    """The ready banner: the URL, a curl command, the send_one command. With an API key the curl command
+    reads it from `$JAXSERVE_API_KEY` (the key itself is never printed)."""
     url = f"http://{host}:{port}"
-    auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
+    auth = ' -H "Authorization: Bearer $JAXSERVE_API_KEY"' if api_key else ""
     return "\n".join([
         f"jaxserve ready on {url}",
         f"  curl {url}/generate{auth} -H 'Content-Type: application/json' "
@@ -138,17 +154,44 @@ async def _serve(server, sock: socket.socket, text: str) -> None:
     await task
 
 
+def with_random_seed(args: LaunchArgs) -> LaunchArgs:
+    """`args` with a `random_seed` for the engine: `--random-seed` if given, else one drawn at random (so
+    unseeded sampling differs across restarts, as in SGLang)."""
+    if "random_seed" in args.engine_kwargs:
+        return args
+    seeded = {**args.engine_kwargs, "random_seed": secrets.randbits(63)}
+    return dataclasses.replace(args, engine_kwargs=seeded)
+
+
+def setup_compilation_cache(args: LaunchArgs) -> str:
+    """Turn JAX's persistent compilation cache on (or off, `--disable-compilation-cache`); returns a
+    sentence for the log. Raises LaunchError when the directory cannot be created."""
+    if args.disable_compilation_cache:
+        compile_cache.disable_compilation_cache()
+        return "compilation cache: disabled"
+    try:
+        path = compile_cache.enable_compilation_cache(args.compilation_cache_dir)
+    except OSError as exc:
+        raise LaunchError(str(exc)) from exc
+    return f"compilation cache: {path}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m jaxserve.launch_server`; returns the exit status."""
+    started = time.monotonic()
     try:
-        args = parse_launch_args(argv)
+        args = with_random_seed(parse_launch_args(argv))
     except UnsupportedFlagError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    server_log.configure_logging("error" if args.log_level == "error" else
+                                 "debug" if args.log_level == "debug" else "info")
     if args.attention_choice is not None:
         kind = "warning" if args.attention_choice.fallback else "note"
         print(f"{kind}: {args.attention_choice.message}", file=sys.stderr)
     try:
+        logger.info(setup_compilation_cache(args))
+        compile_log = compile_cache.CompileLog().install()
         sock = bind_socket(args.host, args.port)
         engine = build_engine(args)
     except (LaunchError, ValueError, TypeError, FileNotFoundError) as exc:
@@ -158,11 +201,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jaxserve.server.app import create_app
 
+    logger.info(f"primed the first request's programs in {warmup.prime(engine, engine.vocab_size):.1f} s")
     port = sock.getsockname()[1]
     app = create_app(engine, served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
-                     api_key=args.api_key, launch_info={"host": args.host, "port": port})
+                     api_key=args.api_key, launch_info={"host": args.host, "port": port},
+                     metrics_prefix=args.metrics_prefix, log_interval=args.decode_log_interval,
+                     log_requests=args.log_requests, compile_log=compile_log,
+                     warmup=bool(args.engine_kwargs.get("warmup", False)))
+    loop = app.state.server.loop
+    logger.info(f"engine ready after {time.monotonic() - started:.1f} s ({compile_log.num_compiles} "
+                f"compiles, {compile_log.num_cache_hits} persistent cache hits); random seed "
+                f"{engine.args.random_seed}")
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             access_log=args.log_level in ("debug", "info"))
-    server = _make_server(config, on_first_exit=app.state.server.loop.abort_all)
+    server = _make_server(config, on_first_exit=loop.abort_all)
     asyncio.run(_serve(server, sock, banner(args.host, port, args.api_key)))
+    logger.info(server_log.shutdown_line(num_finished=loop.num_finished, num_aborted=loop.num_aborted,
+                                         uptime_s=time.monotonic() - started))
     return 0

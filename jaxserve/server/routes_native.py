@@ -1,4 +1,5 @@
-"""SGLang's native routes: /generate, /health, /get_model_info, /get_server_info, /flush_cache, /metrics.
+"""SGLang's native routes: /generate, /health, /get_model_info, /get_server_info, /flush_cache, /metrics,
+/abort_request.
 
 `/generate` answers `{"text", "output_ids", "meta_info"}` (a list of them for a batch). `meta_info` has
 id, prompt_tokens, completion_tokens, cached_tokens, spec_verify_ct (0 without speculative decoding),
@@ -6,17 +7,20 @@ finish_reason ({"type": "stop"|"length"|"abort", ...}) and e2e_latency (seconds)
 sends SSE chunks whose `text` and `output_ids` are cumulative (SGLang's default), then `data: [DONE]`.
 `max_new_tokens` above what the context leaves is capped to it (SGLang's rule); a request whose prompt +
 max_new_tokens cannot fit the KV pool even alone is a 400.
+
+Control-plane reads (/health, /get_model_info, /get_server_info, /metrics) never wait for the engine thread:
+they read what it last published (`EngineLoop.snapshot`, the metrics registry).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
 
 from jaxserve.server import streaming
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
-from jaxserve.server.metrics import kv_usage
 from jaxserve.server.protocol import GenerateRequest
 
 router = APIRouter()
@@ -55,10 +59,13 @@ async def _stream_generate(loop, rid, events):
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 while the engine thread runs; 503 once it has died."""
+    """200 while the engine thread runs (with `{"status": "warming", "compiled": k, "total": n}` while
+    `--warmup` runs, requests being served meanwhile); 503 once it has died."""
     loop = _state(request).loop
     if not loop.healthy:
         return JSONResponse({"status": "unhealthy", "error": repr(loop.error)}, status_code=503)
+    if loop.warmup is not None and not loop.warmup.finished:
+        return JSONResponse(loop.warmup.status())
     return Response(status_code=200)
 
 
@@ -72,16 +79,29 @@ async def get_model_info(request: Request) -> dict:
 
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict:
-    """Server args, gauges, and `memory`: slot accounting plus `check_memory`'s ownership proof (free /
-    tree / live-request slots partition the pool)."""
+    """Server args, gauges, and `memory` as of the engine's last step: slot accounting, and while nothing
+    is live `check_memory`'s ownership proof (free / tree / live-request slots partition the pool;
+    `checked: true`)."""
     state = _state(request)
-
-    def memory(engine) -> dict:
-        return {**kv_usage(engine), **engine.check_memory(), "num_running": len(engine.scheduler.running),
-                "num_waiting": len(engine.scheduler.waiting)}
-
+    snapshot = state.loop.snapshot
     return {**state.server_info, "internal_states": [state.metrics.snapshot()],
-            "memory": await state.loop.call(memory)}
+            "memory": snapshot.get("memory", {}), "snapshot_time": snapshot.get("time")}
+
+
+class AbortRequest(BaseModel):
+    """Body of /abort_request: the id of a live request (meta_info.id of /generate)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rid: str
+
+
+@router.post("/abort_request")
+async def abort_request(body: AbortRequest, request: Request) -> dict:
+    """Abort a live request by id: its stream ends with finish_reason abort, its KV is freed. 404 when no
+    live request has that id (unknown, or already finished)."""
+    if not await _state(request).loop.abort_live(body.rid):
+        raise APIError(404, f"no live request with rid {body.rid!r} (unknown or already finished)")
+    return {"success": True, "rid": body.rid}
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

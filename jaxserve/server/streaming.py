@@ -21,8 +21,8 @@ def sse(payload: dict[str, Any]) -> str:
 
 
 def _raise_if_error(item: Event | BaseException) -> Event:
-    if isinstance(item, BaseException):  # the engine loop died; see EngineLoop._fail_all
-        raise RuntimeError(f"the engine loop failed: {item!r}")
+    if isinstance(item, BaseException):  # the request's step failed, or the engine loop died (EngineLoop)
+        raise RuntimeError(f"the engine failed this request: {item!r}")
     return item
 
 

@@ -66,6 +66,12 @@ CASES = [
     ("completion-max-tokens-string", "POST", "/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400,
      "max_tokens"),
     ("completion-empty-prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("lone-surrogate", "POST", "/generate", b'{"text": "hi \\ud800 there"}', 400, "lone surrogate U+D800"),
+    ("lone-surrogate-batch", "POST", "/generate", b'{"text": ["ok", "\\udfff"]}', 400, "lone surrogate"),
+    ("invalid-utf8", "POST", "/generate", b'{"text": "hi \xff\xfe"}', 400, "malformed JSON"),
+    ("abort-unknown-rid", "POST", "/abort_request", {"rid": "no-such-request"}, 404, "no live request"),
+    ("abort-no-rid", "POST", "/abort_request", {}, 400, "rid"),
+    ("abort-rid-wrong-type", "POST", "/abort_request", {"rid": 7}, 400, "rid"),
 ]
 
 

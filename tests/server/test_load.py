@@ -50,22 +50,22 @@ def test_64_concurrent_requests_all_correct_then_metrics_and_kv_baseline(server,
     completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
     prompt_tokens = sum(len(p) for p in prompts)
     delta = {name: after[name] - before[name] for name in after if name in before}
-    assert delta["jaxserve:num_requests_total"] == NUM_REQUESTS
-    assert delta["jaxserve:generation_tokens_total"] == completion
-    assert delta["jaxserve:prompt_tokens_total"] == prompt_tokens
-    assert delta["jaxserve:e2e_request_latency_seconds_count"] == NUM_REQUESTS
+    assert delta["sglang:num_requests_total"] == NUM_REQUESTS
+    assert delta["sglang:generation_tokens_total"] == completion
+    assert delta["sglang:prompt_tokens_total"] == prompt_tokens
+    assert delta["sglang:e2e_request_latency_seconds_count"] == NUM_REQUESTS
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
     assert cached >= 16  # later requests of the shared-prefix half reuse whole pages
-    assert delta["jaxserve:cached_tokens_total"] == cached
-    assert 0 < after["jaxserve:cache_hit_rate"] <= 1
-    assert after["jaxserve:num_running_reqs"] == 0 and after["jaxserve:num_queue_reqs"] == 0
-    assert after["jaxserve:token_usage"] == 0 and after["jaxserve:spec_accept_length"] == 1.0
-    assert after["jaxserve:gen_throughput"] > 0
+    assert delta["sglang:cached_tokens_total"] == cached
+    assert 0 < after["sglang:cache_hit_rate"] <= 1
+    assert after["sglang:num_running_reqs"] == 0 and after["sglang:num_queue_reqs"] == 0
+    assert after["sglang:token_usage"] == 0 and after["sglang:spec_accept_length"] == 1.0
+    assert after["sglang:gen_throughput"] > 0
 
 
 def wait_aborted(client: httpx.Client, target: float, timeout_s: float = 30) -> float:
     deadline = time.monotonic() + timeout_s
-    while (value := scrape(client)["jaxserve:num_aborted_requests_total"]) < target:
+    while (value := scrape(client)["sglang:num_aborted_requests_total"]) < target:
         assert time.monotonic() < deadline, f"{value} aborted, expected {target}"
         time.sleep(0.1)
     return value
@@ -75,7 +75,7 @@ LONG = {"temperature": 0, "max_new_tokens": 240, "ignore_eos": True}
 
 
 def test_disconnected_streams_are_aborted_and_free_their_kv(server, client):
-    aborted = scrape(client)["jaxserve:num_aborted_requests_total"]
+    aborted = scrape(client)["sglang:num_aborted_requests_total"]
     for i in range(4):
         with httpx.Client(base_url=server.url, timeout=60) as c, \
                 c.stream("POST", "/generate", json={"input_ids": [i + 1] * 12, "sampling_params": LONG,
@@ -91,7 +91,7 @@ def test_disconnected_streams_are_aborted_and_free_their_kv(server, client):
 
 
 def test_disconnected_non_streaming_request_is_aborted(server, client):
-    aborted = scrape(client)["jaxserve:num_aborted_requests_total"]
+    aborted = scrape(client)["sglang:num_aborted_requests_total"]
     # several long requests at once make each step slower, so none can finish before the client gives up
     bodies = [{"input_ids": [i + 20] * 12, "sampling_params": LONG} for i in range(6)]
 

@@ -112,4 +112,4 @@ def test_speculative_generate_is_lossless_and_metrics_report_acceptance(radix_on
             meta = out["meta_info"]
             assert meta["spec_verify_ct"] == len(meta["spec_accept_lengths"]) > 0
         metrics = scrape(c)
-    assert metrics["jaxserve:spec_verify_ct_total"] > 0 and metrics["jaxserve:spec_accept_length"] > 1.0
+    assert metrics["sglang:spec_verify_ct_total"] > 0 and metrics["sglang:spec_accept_length"] > 1.0
