@@ -12,7 +12,8 @@ Those name CUDA/ROCm kernel libraries that do not exist in a JAX process, so eac
 - Anything asked for on a platform where it cannot run (`fa3` or `triton` on a CPU, a `pallas_tpu` kernel on
   a GPU, `ascend` anywhere) falls back to our best backend for this platform with a warning: the server
   still starts, and the line says what runs instead.
-Our own registered names are used as they are. An unknown name (neither ours nor SGLang's) is an error,
+Our own registered names are used as they are; `auto` is our best backend for this platform (the Pallas
+kernel on a TPU or GPU, `_BEST` below on a CPU). An unknown name (neither ours nor SGLang's) is an error,
 since it is almost always a typo.
 
 The choice is a pure function of the name, the platform (`jax.default_backend()`) and the backends
@@ -31,6 +32,7 @@ _BEST: dict[str, tuple[str, ...]] = {
     "gpu": ("pallas_gpu", "xla", "native"),
     "cpu": ("native", "xla"),
 }
+AUTO = "auto"  # the best registered backend of the platform
 # Our backends that run on one platform only.
 _PLATFORM_ONLY = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 # SGLang's names: (platform where the kernel family exists, or None for "anywhere"; what it is).
@@ -75,7 +77,7 @@ def registered_backends() -> list[str]:
 
 def known_backend_names() -> list[str]:
     """Every name `--attention-backend` accepts: ours (registered or platform kernels) and SGLang's."""
-    return sorted({*registered_backends(), *_PLATFORM_ONLY, *SGLANG_BACKENDS})
+    return sorted({AUTO, *registered_backends(), *_PLATFORM_ONLY, *SGLANG_BACKENDS})
 
 
 def current_platform() -> str:
@@ -106,6 +108,8 @@ def resolve_attention_backend(requested: str, platform: str | None = None,
     def choice(backend: str, message: str, fallback: bool = False) -> BackendChoice:
         return BackendChoice(requested, backend, platform, message, fallback)
 
+    if name == AUTO:
+        return choice(best, f"attention backend: auto -> {best}, jaxserve's best backend on {platform}")
     if name in registered and _PLATFORM_ONLY.get(name, platform) == platform:
         return choice(name, f"attention backend: {name} on {platform}")
     if name in _PLATFORM_ONLY or name in registered:
@@ -114,7 +118,8 @@ def resolve_attention_backend(requested: str, platform: str | None = None,
         return choice(best, f"--attention-backend {requested}: {why}; using {best} on {platform} instead",
                       fallback=True)
     if name not in SGLANG_BACKENDS:
-        raise ValueError(f"--attention-backend {requested}: unknown name; ours: {', '.join(registered)}; "
+        ours = ", ".join([AUTO, *registered])
+        raise ValueError(f"--attention-backend {requested}: unknown name; ours: {ours}; "
                          f"SGLang's (mapped onto ours): {', '.join(sorted(SGLANG_BACKENDS))}")
     where, what = SGLANG_BACKENDS[name]
     if name == "torch_native":

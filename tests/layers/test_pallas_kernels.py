@@ -28,8 +28,9 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh
 
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata
-from jaxserve.layers.backends import get_backend
+from jaxserve.layers.backends import available_backends, get_backend
 from jaxserve.memory.kv_pool import make_kv_pool, write_kv
+from jaxserve.server.attention_choice import best_backend, resolve_attention_backend
 from tests.layers.pallas_cases import SEQ, SEQS, Layout, fit, ragged_case, run_native
 
 KERNELS = ["pallas_tpu", "pallas_gpu"]
@@ -181,3 +182,11 @@ def test_kernel_lowers_for_its_platform(name, platform, q_heads, kv_heads, head_
     else:
         lowered = traced.lower(lowering_platforms=("cuda",))
         assert "triton" in lowered.as_text()
+
+
+@pytest.mark.parametrize(("platform", "kernel"), [("tpu", "pallas_tpu"), ("gpu", "pallas_gpu")])
+def test_auto_picks_the_platform_kernel(platform, kernel):
+    choice = resolve_attention_backend("auto", platform, available_backends())
+    assert (choice.backend, choice.fallback) == (kernel, False) and kernel in choice.message
+    on_cpu = resolve_attention_backend("auto", "cpu", available_backends()).backend
+    assert on_cpu == best_backend("cpu", available_backends()) and not on_cpu.startswith("pallas")
