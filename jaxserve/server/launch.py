@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from jaxserve.server import compile_cache, server_log, warmup
+from jaxserve.server import compile_cache, preflight, server_log, warmup
 from jaxserve.server.args import LaunchArgs, UnsupportedFlagError, parse_launch_args
 
 logger = logging.getLogger("jaxserve.server")
@@ -68,12 +68,16 @@ def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
 
 
 def build_engine(args: LaunchArgs):
-    """The Engine for `args` (model loaded from disk; `--tokenizer-path` loads the tokenizer separately).
-    `--warmup` is not the engine's here: the server warms up while it serves (`server.warmup`)."""
+    """The Engine for `args` (model loaded from disk; `--tokenizer-path` loads the tokenizer separately),
+    after `preflight` checked the files (PreflightError, a ValueError, names a broken one). `--warmup` is
+    not the engine's here: the server warms up while it serves (`server.warmup`)."""
     from jaxserve.engine import Engine
 
     model_path, kwargs = resolve_model(args)
     kwargs.pop("warmup", None)
+    preflight.check_launch_files(model_path, args.tokenizer_path,
+                                 kwargs.get("speculative_draft_model_path")
+                                 if kwargs.get("speculative_algorithm") else None)
     if args.tokenizer_path is None:
         return Engine(model_path=model_path, **kwargs)
     from jaxserve.engine.config import ServerArgs
@@ -199,15 +203,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     import uvicorn
 
+    from jaxserve.server import cache_snapshot
     from jaxserve.server.app import create_app
 
+    if args.cache_snapshot is not None:
+        cache_snapshot.restore(engine, args.cache_snapshot)  # logs what it restored, or why it starts cold
     logger.info(f"primed the first request's programs in {warmup.prime(engine, engine.vocab_size):.1f} s")
     port = sock.getsockname()[1]
     app = create_app(engine, served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
                      api_key=args.api_key, launch_info={"host": args.host, "port": port},
                      metrics_prefix=args.metrics_prefix, log_interval=args.decode_log_interval,
                      log_requests=args.log_requests, compile_log=compile_log,
-                     warmup=bool(args.engine_kwargs.get("warmup", False)))
+                     warmup=bool(args.engine_kwargs.get("warmup", False)),
+                     cache_snapshot=args.cache_snapshot)
     loop = app.state.server.loop
     logger.info(f"engine ready after {time.monotonic() - started:.1f} s ({compile_log.num_compiles} "
                 f"compiles, {compile_log.num_cache_hits} persistent cache hits); random seed "
@@ -216,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             access_log=args.log_level in ("debug", "info"))
     server = _make_server(config, on_first_exit=loop.abort_all)
     asyncio.run(_serve(server, sock, banner(args.host, port, args.api_key)))
+    if args.cache_snapshot is not None:  # the engine thread has stopped: the tree is quiescent
+        saved = cache_snapshot.save(engine, args.cache_snapshot)
+        logger.info(f"cache snapshot: saved {saved.num_nodes} nodes, {saved.num_slots} KV slots to "
+                    f"{args.cache_snapshot}")
     logger.info(server_log.shutdown_line(num_finished=loop.num_finished, num_aborted=loop.num_aborted,
                                          uptime_s=time.monotonic() - started))
     return 0
