@@ -37,6 +37,8 @@ class ServerArgs:
     the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the
     chain length). speculative_eagle_topk: branches per draft step (1 = chain). speculative_num_draft_tokens:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).
+    grammar_backend: "llguidance" (default: json_schema / regex / ebnf sampling parameters constrain the
+    output) or "none" (such requests are refused).
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
     bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
     with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
@@ -62,6 +64,7 @@ class ServerArgs:
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
+    grammar_backend: str = "llguidance"
     debug_token_keys: bool = False
 
     def __post_init__(self) -> None:
@@ -84,6 +87,8 @@ class ServerArgs:
         if self.speculative_algorithm is not None:
             self._check_speculative()
         get_backend(self.attention_backend)  # ValueError listing the registered names
+        if self.grammar_backend not in ("llguidance", "none"):
+            raise ValueError(f"grammar_backend={self.grammar_backend!r}; choose llguidance or none")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={self.dtype!r}; choose auto, float32, bfloat16 or float16")
 

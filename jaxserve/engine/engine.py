@@ -42,6 +42,7 @@ from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import Buckets, build_step_input
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SeedSource
+from jaxserve.sampling.grammar import GrammarBackend
 from jaxserve.speculative.loading import load_draft
 from jaxserve.speculative.schedule import SpecScheduler
 from jaxserve.speculative.worker import EagleWorker
@@ -94,6 +95,9 @@ class Engine:
                                 overlap=not args.disable_overlap_schedule,
                                 context_length=self.context_length) if speculative else None
         self._seeds = SeedSource(args.random_seed)
+        self.grammar: GrammarBackend | None = None  # constrained decoding (json_schema / regex / ebnf)
+        if args.grammar_backend == "llguidance" and tokenizer is not None:
+            self.grammar = GrammarBackend(tokenizer.to_json(), self.vocab_size, self.eos_token_ids)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._inflight = None  # (batch, device outputs) of the dispatched step not yet applied
@@ -117,6 +121,14 @@ class Engine:
         ids, params = prepare_request(item, params, index, tokenizer=self.tokenizer,
                                       vocab_size=self.vocab_size, context_length=self.context_length,
                                       kv=self.kv)
+        if params.grammar is not None:
+            if self.grammar is None:
+                raise InvalidRequestError(f"request {index}: {params.grammar[0]} needs a grammar backend "
+                                          f"(--grammar-backend llguidance) and a tokenizer")
+            if self.spec is not None and self.spec.tree is not None:
+                raise InvalidRequestError(f"request {index}: constrained decoding with EAGLE tree drafting "
+                                          f"(speculative_eagle_topk > 1) is not supported; use a chain")
+            self.grammar.compile(*params.grammar)  # a bad grammar is a 400 here, before anything is queued
         return ids, params
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:
@@ -126,6 +138,8 @@ class Engine:
             else None
         req = make_request(rid, ids, params, tree_root=self.kv.tree.root, seed=self._seeds.seed_for(params),
                            eos_token_ids=self.eos_token_ids, detokenize=detok)
+        if params.grammar is not None:
+            req.grammar = self.grammar.matcher(*params.grammar)
         self._requests[rid] = req
         if req.stop.finished:  # max_new_tokens == 0: nothing to compute
             req.status, req.finish_time = Status.FINISHED, time.perf_counter()
@@ -164,13 +178,16 @@ class Engine:
         or of this one (`disable_overlap_schedule`). Returns the requests that finished ([] when idle).
 
         Overlap: step t+1 is built while step t runs; tokens step t sampled reach step t+1 on device. The
-        host reads step t's ids only after dispatching t+1, so the device never waits for the host."""
+        host reads step t's ids only after dispatching t+1, so the device never waits for the host. While a
+        request with a grammar runs, steps are applied as they are dispatched (its next mask needs its last
+        token on the host): a step in flight is applied first, on its own."""
         if self.spec is not None:  # a speculative step reads its verdict before returning (no overlap)
             finished = self.spec.step()
             self.stats["steps"] += 1
             return finished
         t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
+        constrained = any(r.grammar is not None for r in self.scheduler.running)
+        batch = [] if constrained and self._inflight is not None else self.scheduler.schedule()
         inflight, self._inflight = self._inflight, None
         if batch:
             prev_rows = {} if inflight is None else {
@@ -179,7 +196,7 @@ class Engine:
             self._inflight = (batch, out)
             self.stats["steps"] += 1
             self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
-        if self.args.disable_overlap_schedule and batch:  # apply this step now (nothing else is in flight)
+        if (self.args.disable_overlap_schedule or constrained) and batch:  # apply now (none else in flight)
             inflight, self._inflight = self._inflight, None
         if inflight is None:
             return []

@@ -18,6 +18,7 @@ import numpy as np
 
 from cache import CachedReq
 from jaxserve.sampling import SamplingParams, StopChecker
+from jaxserve.sampling.grammar import GrammarMatcher
 
 
 class Status(enum.Enum):
@@ -50,6 +51,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     finish_time: float | None = None
     spec_accept_lengths: list[int] | None = None  # speculative decoding: drafts accepted per verify round
+    grammar: GrammarMatcher | None = None  # the output constraint's state (json_schema / regex / ebnf)
 
     @property
     def output_ids(self) -> list[int]:
@@ -78,6 +80,14 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)
+
+    def append_output(self, token_id: int, logprob: float, top_ids=(), top_logprobs=()) -> dict | None:
+        """Take one sampled token: record its logprobs, advance the grammar, apply the stop rules. Returns
+        the finish reason when the token ends the request."""
+        self.record_logprob(logprob, top_ids, top_logprobs)
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
+        return self.stop.append(token_id)
 
     def record_logprob(self, logprob: float, top_ids, top_logprobs) -> None:
         """Keep the logprob of the output token about to be appended and, when the request asks for

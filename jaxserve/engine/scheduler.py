@@ -191,8 +191,8 @@ class Scheduler:
             if not seq.samples:
                 continue
             req.num_pending -= 1
-            req.record_logprob(float(logprobs[row]), *((top[0][row], top[1][row]) if top else ((), ())))
-            if req.stop.append(int(token_ids[row])) is not None:
+            tops = (top[0][row], top[1][row]) if top else ((), ())
+            if req.append_output(int(token_ids[row]), float(logprobs[row]), *tops) is not None:
                 self._finish(req)
                 finished.append(req)
         return finished

@@ -17,6 +17,7 @@ from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request
 from jaxserve.layers.attention_metadata import AttentionMetadata, SequenceStep, build_attention_metadata
 from jaxserve.sampling import SamplingBatch, SamplingParams, SamplingRow, build_sampling_batch
+from jaxserve.sampling.grammar import fill_bitmask
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
 
@@ -116,7 +117,9 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     prev = np.full(meta.num_tokens, -1, np.int32)
     for token, row in from_prev:
         prev[token] = row
-    sampling = build_sampling_batch(rows, meta.num_seqs)
+    # rows of requests with a grammar carry its mask (their last token is on the host: see Engine.step)
+    bitmask = fill_bitmask([seq.req.grammar if seq.samples else None for seq in seqs])
+    sampling = build_sampling_batch(rows, meta.num_seqs, bitmask)
     return StepInput(input_ids, prev, meta, sampling)
 
 

@@ -49,6 +49,10 @@ class HFTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (for libraries that build their own view of the vocabulary)."""
+        return self._tok.to_str()
+
 
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}

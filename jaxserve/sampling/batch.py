@@ -76,7 +76,8 @@ class SamplingBatch:
 def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
                          token_bitmask: np.ndarray | None = None) -> SamplingBatch:
     """Pack `rows` into a SamplingBatch of `num_rows` rows (the bucket), padding the rest. O(num_rows).
-    `token_bitmask` (u32[len(rows), W], or None): the rows' grammar masks, padded with allow-all rows.
+    `token_bitmask` (u32[R, W] with R <= len(rows), or None): the first R rows' grammar masks; the other
+    rows allow every token.
 
     Raises ValueError if there are more rows than `num_rows`, a row has num_generated < 0, or a row uses
     penalties without a penalty_row.
@@ -101,7 +102,7 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
             bias_ids[i, : len(ids)], bias_values[i, : len(ids)] = ids, values
     if token_bitmask is not None:
         mask = np.full((num_rows, token_bitmask.shape[1]), 0xFFFFFFFF, np.uint32)
-        mask[: len(rows)] = token_bitmask
+        mask[: token_bitmask.shape[0]] = token_bitmask
         token_bitmask = mask
     return SamplingBatch(
         temperatures=column(lambda r: 0.0 if r.params.is_greedy else r.params.temperature, 0.0, np.float32),

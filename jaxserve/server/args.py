@@ -69,6 +69,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--context-length", int, "longest prompt + output (default: the model's)"),
     ("--swa-full-tokens-ratio", float, "SWA pool size relative to the full pool (hybrid SWA models)"),
     ("--random-seed", int, "base seed of requests without their own (default: random per start)"),
+    ("--grammar-backend", str, "constrained decoding (json_schema / regex / ebnf, response_format): "
+                               "llguidance (default) or none"),
     ("--attention-backend", str, "attention kernels: ours (native, xla, ...) or SGLang's names (triton, "
                                  "fa3, flashinfer, torch_native, ...), mapped to the best of ours here"),
     ("--mem-fraction-static", float, "not supported yet: size the KV pool with --max-total-tokens"),

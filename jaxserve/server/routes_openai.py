@@ -11,6 +11,7 @@ without adding special tokens (the template places them); a model without a temp
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -63,11 +64,18 @@ async def model(model_id: str, request: Request) -> dict:
     return _model_card(state)
 
 
-def _params(body, max_new_tokens: int | None) -> dict[str, Any]:
+async def _params(state, body, max_new_tokens: int | None) -> dict[str, Any]:
+    """The request's sampling params; its grammar (if any) compiled here on a worker thread, so that the
+    engine thread finds it cached (a request waits for its grammar, the batch does not)."""
     try:
-        return body.sampling_params(max_new_tokens)
+        params = body.sampling_params(max_new_tokens)
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
+    grammar = state.loop.engine.grammar
+    kinds = [k for k in ("json_schema", "regex", "ebnf") if k in params]
+    if grammar is not None and len(kinds) == 1:
+        await asyncio.get_running_loop().run_in_executor(None, grammar.compile, kinds[0], params[kinds[0]])
+    return params
 
 
 def _tokenizer(state):
@@ -96,7 +104,7 @@ async def completions(body: CompletionRequest, request: Request):
     is_text = isinstance(prompts[0], str)
     if is_text and not state.has_tokenizer:
         raise APIError(400, "this model has no tokenizer: send the prompt as token ids")
-    params = _params(body, body.max_tokens)
+    params = await _params(state, body, body.max_tokens)
     handles = await parallel.submit(state.loop, prompts if is_text else None, None if is_text else prompts,
                                     params, body.n, request)
     echoes = [""] * len(prompts)
@@ -111,7 +119,7 @@ async def completions(body: CompletionRequest, request: Request):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.server
     text = _rendered_chat(state, body.messages)
-    params = _params(body, body.max_new_tokens)
+    params = await _params(state, body, body.max_new_tokens)
     ids = await state.loop.call(lambda engine: engine.tokenizer.encode(text, add_special_tokens=False))
     [handles] = await parallel.submit(state.loop, None, [ids], params, body.n, request)
     return await _Reply(state, body, chat=True, echoes=[""] * body.n).respond(handles, request)

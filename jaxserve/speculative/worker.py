@@ -36,8 +36,10 @@ accepted (start n + S + 1, slots allocated that far) and moved back on device (`
 round t accepted; its last token and output count come from round t's verdict too (kept per state row in
 `shifts`). A request that finished in round t ran round t+1 for nothing: its results there are dropped, its
 slots are already back (device order keeps the late writes ahead of any reuse). A prefill, or nothing left
-to decode, first applies the round in flight (`drain`). Tree drafting and `record_draft_top1` run
-synchronously. Sampled outputs are the same under both schedules (same rounds, same keys).
+to decode, first applies the round in flight (`drain`). Tree drafting, `record_draft_top1` and rounds
+with a grammar-constrained request run synchronously; such a request verifies no draft (its grammar's mask
+is known at the root only), so its output is exactly constrained decoding's. Sampled outputs are the same
+under both schedules (same rounds, same keys).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
@@ -61,6 +63,7 @@ from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
+from jaxserve.sampling.grammar import fill_bitmask
 from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
@@ -97,11 +100,13 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, record: bool):
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
     def chain_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
-                    last, draft_metas, meta, sampling):
+                    undrafted, last, draft_metas, meta, sampling):
         """Draft S-1 steps, verify the chain, walk it, count the emitted tokens, draft-extend over the
         verified span and store the next draft state: one call, no host sync. Sequences flagged `shifted`
         continue the previous round on device (`shift.shift_meta`): start, last token and output count come
-        from that round's verdict, kept per state row in `shifts` (accepted drafts, last emitted token)."""
+        from that round's verdict, kept per state row in `shifts` (accepted drafts, last emitted token).
+        Sequences flagged `undrafted` (a grammar constrains them, and only the root's mask is known) verify
+        no draft: the walk emits the root's token, drawn from the masked target there."""
         nodes = num_steps + 1
         prev_acc = shifts[0][state_rows]
         delta = jnp.where(shifted, prev_acc + 1 - nodes, 0)
@@ -125,6 +130,7 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, record: bool):
         tokens = jnp.concatenate([last[:, None], jnp.stack(drafts, axis=1)], axis=1)
         logits, pools, aux = target_of(tparams)(tokens.reshape(-1), meta, pools, return_all_logits=True)
         children = jnp.broadcast_to(jnp.asarray(chain_children(nodes)), (rows, nodes, 1))
+        children = jnp.where(undrafted[:, None, None], -1, children)
         parents = jnp.broadcast_to(jnp.asarray(chain_parents(nodes)), (rows, nodes))
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
                               parents=parents)
@@ -308,7 +314,7 @@ class EagleWorker:
         """One round for `reqs`. Overlapped (chains, unless disabled or recording diagnostics): dispatch this
         round, then apply the previous one while the device runs this one; its requests that finished there
         ran this round for nothing, and their results here are dropped. Otherwise dispatch and apply."""
-        if self.overlap and self.slot_top1 is None:
+        if self.overlap and self.slot_top1 is None and not any(r.grammar is not None for r in reqs):
             prev = self.inflight
             room = self._make_room(reqs, prev, retract=False)
             if room:  # else (a full pool): apply the round in flight and go on synchronously, retracting
@@ -380,12 +386,17 @@ class EagleWorker:
         shifted = np.zeros(num_rows, bool)
         if prev is not None:
             shifted[: len(reqs)] = [r in prev.members for r in reqs]
+        # a grammar's mask is known for the root only (the drafts are drawn on device): those requests verify
+        # no draft, their root masked; the round then equals a constrained decode step
+        undrafted = np.zeros(num_rows, bool)
+        undrafted[: len(reqs)] = [r.grammar is not None for r in reqs]
+        bitmask = fill_bitmask([r.grammar if j == 0 else None for r in reqs for j in range(nv)])
         runner = self.runner
         (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
          top1) = self._fns(self.recording)[1](
             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts,
-            self.emb, state_rows, dest, shifted, last, draft_metas, meta,
-            build_sampling_batch(rows, meta.num_tokens))
+            self.emb, state_rows, dest, shifted, undrafted, last, draft_metas, meta,
+            build_sampling_batch(rows, meta.num_tokens, bitmask))
         return _Round(reqs, frozenset(reqs), verdict, meta, top1)
 
     def results(self, verdict: Verdict, reqs: list[Request]) -> list[tuple]:
@@ -417,8 +428,7 @@ class EagleWorker:
             self.stats["verified"] += self.num_steps
             self.stats["accepted"] += accepted
             for token, logprob, top in zip(new, logps, tops, strict=True):
-                req.record_logprob(logprob, *top)
-                if req.stop.append(token) is not None:
+                if req.append_output(token, logprob, *top) is not None:
                     finished.append(req)
                     break
             end = n + accepted + 1

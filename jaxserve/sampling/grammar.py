@@ -1,0 +1,119 @@
+"""Constrained decoding with llguidance: grammars from JSON schemas, regexes and EBNF/Lark, and per-request
+matchers that give each step's token bitmask (host side, numpy; the mask is applied on device by
+`constraints.apply_token_bitmask`, as data).
+
+A `GrammarBackend` wraps one tokenizer. `compile(kind, source)` builds a fresh matcher for a grammar
+(cached by grammar text, so that the server can compile on a worker thread before the request reaches the
+engine thread, which then only copies it); `matcher(kind, source)` hands a request its own copy. A
+`GrammarMatcher` is the request's grammar state: `fill(mask_row)` writes the tokens allowed next, `advance`
+consumes an output token. Masks are `u32[rows, ceil(V / 32)]`, bit j of word w = token 32 w + j, V the
+model's vocabulary (ids the tokenizer lacks are never allowed).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from jaxserve.sampling.errors import InvalidSamplingParamsError
+
+GRAMMAR_BACKENDS = ("llguidance", "none")
+_CACHE_SIZE = 256  # compiled grammars kept (LRU)
+# JSON output laid out as json.dumps does, no other whitespace: a small model cannot pad it with blanks
+# forever (flexible whitespace lets it)
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarMatcher:
+    """One request's grammar state. Not thread-safe: the engine thread owns it once submitted."""
+
+    def __init__(self, matcher, num_words: int) -> None:
+        self._matcher = matcher
+        self.num_words = num_words
+
+    def fill(self, bitmask: np.ndarray, row: int) -> None:
+        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words])."""
+        import llguidance.numpy as llg_numpy
+
+        llg_numpy.fill_next_token_bitmask(self._matcher, bitmask.view(np.int32), row)
+
+    def advance(self, token_id: int) -> None:
+        """Consume an output token (one the mask allowed). A token it forbids - impossible when the mask was
+        applied - leaves the matcher in its error state, reported by `error`."""
+        self._matcher.consume_token(token_id)
+
+    @property
+    def error(self) -> str | None:
+        return self._matcher.get_error() if self._matcher.is_error() else None
+
+
+def fill_bitmask(matchers: Sequence[GrammarMatcher | None]) -> np.ndarray | None:
+    """u32[len(matchers), W]: row i the tokens matcher i allows next (all tokens for None); None when no row
+    has a matcher (the step then keeps its unconstrained executable)."""
+    present = [m for m in matchers if m is not None]
+    if not present:
+        return None
+    mask = np.full((len(matchers), present[0].num_words), 0xFFFFFFFF, np.uint32)
+    for row, matcher in enumerate(matchers):
+        if matcher is not None:
+            matcher.fill(mask, row)
+    return mask
+
+
+class GrammarBackend:
+    """llguidance over one tokenizer (`tokenizer_json`: the tokenizer.json text) for a model of
+    `vocab_size` logits; `eos_token_ids`: what ends a finished grammar. Thread-safe."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        import llguidance
+
+        eos = sorted(eos_token_ids)
+        self._llg = llguidance
+        self._tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
+                                                 eos_token=eos if eos else None)
+        self.num_words = -(-vocab_size // 32)
+        self._cache: collections.OrderedDict[tuple[str, str], object] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def _grammar_text(self, kind: str, source: str) -> str:
+        matcher_cls = self._llg.LLMatcher
+        try:
+            if kind == "json_schema":
+                return matcher_cls.grammar_from_json_schema(json.loads(source), defaults=_JSON_LAYOUT)
+            if kind == "regex":
+                return matcher_cls.grammar_from_regex(source)
+            if kind == "ebnf":
+                return self._llg.grammar_from("ebnf", source)
+        except (ValueError, TypeError, RuntimeError) as exc:  # malformed JSON, a grammar llguidance rejects
+            raise InvalidSamplingParamsError(f"{kind} is not a valid grammar: {exc}") from None
+        raise InvalidSamplingParamsError(f"unknown grammar kind {kind!r}; use json_schema, regex or ebnf")
+
+    def compile(self, kind: str, source: str) -> None:
+        """Compile (and cache) the grammar; raises InvalidSamplingParamsError naming what is wrong. Cost: up
+        to about a second for very large grammars; call off the engine thread when it matters."""
+        self._template(kind, source)
+
+    def matcher(self, kind: str, source: str) -> GrammarMatcher:
+        """A fresh matcher for the grammar (compiled now if not cached)."""
+        template = self._template(kind, source)
+        with self._lock:
+            return GrammarMatcher(template.deep_copy(), self.num_words)
+
+    def _template(self, kind: str, source: str):
+        key = (kind, source)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        matcher = self._llg.LLMatcher(self._tokenizer, self._grammar_text(kind, source), log_level=0)
+        if matcher.is_error():
+            raise InvalidSamplingParamsError(f"{kind} is not a valid grammar: {matcher.get_error()}")
+        with self._lock:
+            self._cache[key] = matcher
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return matcher

@@ -1,0 +1,105 @@
+"""Constrained decoding end to end on the embedded default: outputs under random JSON schemas parse and
+validate (jsonschema is the independent judge), regex / EBNF outputs match, grammars are data (no
+compilation per grammar), and greedy constrained outputs are equal with and without EAGLE-3."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxserve.assets import EMBEDDED_MODEL_DIR
+from jaxserve.engine import Engine
+from jaxserve.engine.errors import InvalidRequestError
+from jaxserve.sampling.errors import InvalidSamplingParamsError
+
+FLAGS = dict(page_size=16, max_total_tokens=8192, chunked_prefill_size=64, max_running_requests=32)
+PROMPTS = ["The quick brown fox", "Hello", "def main():", "Question: what is the capital of France?"]
+
+# Bounded leaves (short strings without escapes, small integer ranges), arrays of at most 2 items: every
+# valid output is short, so an output that runs to max_new_tokens is a failure to close the value.
+_LEAF = st.one_of(
+    st.integers(0, 5).map(lambda n: {"type": "string", "pattern": f"^[a-z]{{0,{n}}}$"}),
+    st.tuples(st.integers(-50, 50), st.integers(0, 99)).map(
+        lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.lists(st.text("abc", min_size=1, max_size=3), min_size=1, max_size=3, unique=True).map(
+        lambda xs: {"enum": xs}),
+)
+SCHEMAS = st.recursive(_LEAF, lambda inner: st.one_of(
+    st.tuples(inner, st.integers(0, 2)).map(lambda t: {"type": "array", "items": t[0], "maxItems": t[1]}),
+    st.dictionaries(st.sampled_from(["a", "id", "name", "xs"]), inner, min_size=1, max_size=3).map(
+        lambda props: {"type": "object", "properties": props, "required": sorted(props),
+                       "additionalProperties": False}),
+), max_leaves=3)
+BATCH = 25
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(model_path=str(EMBEDDED_MODEL_DIR), **FLAGS)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(schemas=st.lists(SCHEMAS, min_size=BATCH, max_size=BATCH), temperature=st.sampled_from([0.0, 1.0]))
+def test_outputs_under_random_schemas_parse_and_validate(engine, schemas, temperature):
+    """4 x 25 = 100 random schemas, each batch decoded together (masks of different grammars per row)."""
+    params = [{"json_schema": json.dumps(s), "temperature": temperature, "seed": i, "max_new_tokens": 200}
+              for i, s in enumerate(schemas)]
+    outs = engine.generate([PROMPTS[i % len(PROMPTS)] for i in range(BATCH)], params)
+    for schema, out in zip(schemas, outs, strict=True):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (schema, out["text"])
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
+def test_regex_and_ebnf_outputs_match_and_compile_nothing_new(engine):
+    engine.generate("Hello", {"max_new_tokens": 4, "regex": "[ab]+"})  # warm the masked executables
+    compiles = engine.runner.num_compiles
+    outs = engine.generate(["Hello", "x", "The quick brown fox"], [
+        {"max_new_tokens": 30, "temperature": 1.0, "seed": 3, "regex": r"[0-9]{3}-[a-z]{2,4}"},
+        {"max_new_tokens": 30, "temperature": 0, "ebnf": 'root ::= ("yes" | "no") "!" [0-9]'},
+        {"max_new_tokens": 30, "temperature": 0, "regex": r"(cat|dog)s?"}])
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", outs[0]["text"]), outs[0]["text"]
+    assert re.fullmatch(r"(yes|no)![0-9]", outs[1]["text"]), outs[1]["text"]
+    assert re.fullmatch(r"(cat|dog)s?", outs[2]["text"]), outs[2]["text"]
+    assert engine.runner.num_compiles == compiles  # new grammars are new mask data, not new programs
+
+
+def test_unconstrained_rows_beside_a_grammar_are_unchanged(engine):
+    plain = engine.generate("The quick brown fox", {"temperature": 0, "max_new_tokens": 12})
+    mixed = engine.generate(["The quick brown fox", "Hello"], [
+        {"temperature": 0, "max_new_tokens": 12},
+        {"temperature": 0, "max_new_tokens": 12, "regex": "[a-z]+"}])
+    assert mixed[0]["output_ids"] == plain["output_ids"]
+
+
+def test_bad_grammar_is_refused_and_nothing_is_queued(engine):
+    with pytest.raises(InvalidSamplingParamsError, match="regex is not a valid grammar"):
+        engine.generate(["a", "b"], [{"regex": "a+"}, {"regex": "(unclosed"}])
+    assert engine.scheduler.idle
+    off = Engine(model=engine.model, tokenizer=engine.tokenizer, grammar_backend="none", **FLAGS)
+    with pytest.raises(InvalidRequestError, match="grammar-backend"):
+        off.submit("x", sampling_params={"regex": "a+"})
+
+
+@pytest.mark.slow
+def test_greedy_constrained_outputs_equal_with_and_without_eagle3(engine):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{0,8}$"},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    params = [{"temperature": 0, "max_new_tokens": 40, "json_schema": json.dumps(schema)},
+              {"temperature": 0, "max_new_tokens": 24, "regex": "[0-9]{3}-[a-z]+"},
+              {"temperature": 0, "max_new_tokens": 24}]  # unconstrained: drafts still accepted
+    prompts = ["Hello", "The quick brown fox", "def main():"]
+    plain = [o["output_ids"] for o in engine.generate(prompts, params)]
+    spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
+                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **FLAGS)
+    outs = spec.generate(prompts, params)
+    assert [o["output_ids"] for o in outs] == plain
+    assert outs[2]["meta_info"]["spec_accept_length"] > 1.0
