@@ -46,13 +46,15 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, tokenize
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                launch_info: dict[str, Any] | None = None, metrics_prefix: str = "sglang",
                log_interval: int = 40, log_requests: bool = False,
-               compile_log: CompileLog | None = None, warmup: bool = False) -> FastAPI:
+               compile_log: CompileLog | None = None, warmup: bool = False,
+               cache_snapshot: str | None = None) -> FastAPI:
     """An ASGI app serving `engine` (which the app's engine thread then owns: do not call it elsewhere).
     `launch_info` is merged into /get_server_info (e.g. the HTTP settings); `metrics_prefix` names the
     Prometheus metrics (`sglang` or `jaxserve`); `log_interval`, `log_requests`, `compile_log`: see
     `EngineLoop`; `warmup`: compile the step programs with synthetic requests while serving (see
-    `server.warmup`)."""
-    from jaxserve.server import routes_native, routes_openai
+    `server.warmup`); `cache_snapshot`: the `--cache-snapshot` directory `POST /save_cache` writes (None: the
+    route answers 400)."""
+    from jaxserve.server import routes_native, routes_openai, routes_snapshot
 
     model_path = str(engine.args.model_path or "<in-memory model>")
     metrics = ServerMetrics(model_name=served_model_name or model_path, prefix=metrics_prefix)
@@ -79,9 +81,11 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, tokenize
 
     app = FastAPI(title="jaxserve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
+    app.state.cache_snapshot = cache_snapshot
     install_error_handlers(app)
     app.include_router(routes_native.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_snapshot.router)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
     if api_key:

@@ -14,8 +14,9 @@ launcher prints one line naming the choice (a warning when the asked-for kernel 
 
 Operations: `--compilation-cache-dir` / `--disable-compilation-cache` (JAX's persistent compilation cache,
 on by default), `--metrics-prefix`, `--enable-metrics` (SGLang's flag; metrics are always on),
-`--log-requests`, `--decode-log-interval`. Without `--random-seed` the server draws a random base seed for
-unseeded requests at start (SGLang's behaviour: sampling differs across restarts).
+`--log-requests`, `--decode-log-interval`, `--cache-snapshot DIR` (warm restart, `server.cache_snapshot`).
+Without `--random-seed` the server draws a random base seed for unseeded requests at start (SGLang's
+behaviour: sampling differs across restarts).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class LaunchArgs:
     attention_choice: BackendChoice | None = None  # how --attention-backend was resolved, when given
     compilation_cache_dir: str | None = None  # None: the default directory (see server.compile_cache)
     disable_compilation_cache: bool = False
+    cache_snapshot: str | None = None  # warm restart directory (see server.cache_snapshot)
     metrics_prefix: str = "sglang"
     log_requests: bool = False
     decode_log_interval: int = 40  # busy steps between interval log lines (0: none)
@@ -113,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "$JAX_COMPILATION_CACHE_DIR)")
     ops.add_argument("--disable-compilation-cache", action="store_true", default=False,
                      help="compile every step program afresh at each start")
+    ops.add_argument("--cache-snapshot", default=None, metavar="DIR",
+                     help="warm restart: restore the prefix cache and its KV from DIR at start (a mismatched "
+                          "or damaged snapshot is refused, the server starts cold); save them there on "
+                          "graceful shutdown and on POST /save_cache")
     ops.add_argument("--enable-metrics", action="store_true", default=False,
                      help="accepted for SGLang compatibility: /metrics is always on")
     ops.add_argument("--metrics-prefix", default="sglang", choices=("sglang", "jaxserve"),
@@ -182,6 +188,7 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
                       log_level=ns.log_level, attention_choice=choice,
                       compilation_cache_dir=ns.compilation_cache_dir,
                       disable_compilation_cache=ns.disable_compilation_cache,
+                      cache_snapshot=ns.cache_snapshot,
                       metrics_prefix=ns.metrics_prefix,
                       log_requests=ns.log_requests, decode_log_interval=ns.decode_log_interval)
 

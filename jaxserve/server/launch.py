@@ -206,9 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxserve.server import cache_snapshot
     from jaxserve.server.app import create_app
 
-    if args.cache_snapshot is not None:
-        cache_snapshot.restore(engine, args.cache_snapshot)  # logs what it restored, or why it starts cold
     logger.info(f"primed the first request's programs in {warmup.prime(engine, engine.vocab_size):.1f} s")
+    if args.cache_snapshot is not None:  # after priming, which flushes the cache
+        cache_snapshot.restore(engine, args.cache_snapshot)  # logs what it restored, or why it starts cold
     port = sock.getsockname()[1]
     app = create_app(engine, served_model_name=args.served_model_name, tokenizer_path=args.tokenizer_path,
                      api_key=args.api_key, launch_info={"host": args.host, "port": port},
