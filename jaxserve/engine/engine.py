@@ -81,7 +81,8 @@ class Engine:
             extra = max(args.num_draft_tokens, (args.speculative_num_steps - 1) * args.speculative_eagle_topk)
         max_pages = min(-(-(self.context_length + extra) // args.page_size), args.num_pages)
         self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
-                                                     max_seqs=args.max_running_requests, max_pages=max_pages)
+                                                     max_seqs=args.max_running_requests, max_pages=max_pages,
+                                                     page_size=args.page_size)
         self.buckets.check_covers(max_tokens=args.chunked_prefill_size, max_seqs=args.max_running_requests,
                                   max_pages=max_pages)
         self.runner = ModelRunner(model, self.kv, self.buckets, args.max_running_requests)

@@ -20,6 +20,7 @@ from jaxserve.sampling import SamplingBatch, SamplingParams, SamplingRow, build_
 from jaxserve.sampling.grammar import fill_bitmask
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
+MIN_CONTEXT_TOKENS = 256  # the narrowest page table covers this many tokens of context
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -40,10 +41,15 @@ class Buckets:
     pages: tuple[int, ...]
 
     @classmethod
-    def for_limits(cls, *, max_tokens: int, max_seqs: int, max_pages: int) -> Buckets:
-        """Powers of two up to each limit (tokens from 16, pages from 4), the limit itself last."""
+    def for_limits(cls, *, max_tokens: int, max_seqs: int, max_pages: int, page_size: int = 1) -> Buckets:
+        """Powers of two up to each limit, the limit itself last: tokens from 16, sequences from 1, and
+        page-table widths from the first that covers `MIN_CONTEXT_TOKENS` (at least 4 pages). Starting the
+        widths there keeps a short request inside one width for its whole life (each width is another
+        compiled program per token and sequence bucket). The price is padding: the native backend gathers
+        and masks the whole width (xla skips key blocks past each sequence's length)."""
+        first_pages = max(4, -(-MIN_CONTEXT_TOKENS // page_size))
         return cls(_powers_of_two(min(16, max_tokens), max_tokens), _powers_of_two(1, max_seqs),
-                   _powers_of_two(min(4, max_pages), max_pages))
+                   _powers_of_two(min(first_pages, max_pages), max_pages))
 
     def check_covers(self, *, max_tokens: int, max_seqs: int, max_pages: int) -> None:
         """Raise ValueError unless the largest bucket of each kind covers the largest step possible."""
