@@ -17,6 +17,8 @@ import logging
 import sys
 
 logger = logging.getLogger("jaxserve.server")
+_handler = logging.StreamHandler(sys.stderr)
+_handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
 
 
 def configure_logging(level: str = "info") -> None:
@@ -24,11 +26,8 @@ def configure_logging(level: str = "info") -> None:
     Idempotent: a second call only changes the level."""
     root = logging.getLogger("jaxserve")
     root.setLevel(level.upper())
-    if not any(getattr(h, "_jaxserve", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
-        handler._jaxserve = True  # marks our handler (idempotence)
-        root.addHandler(handler)
+    if _handler not in root.handlers:
+        root.addHandler(_handler)
         root.propagate = False
 
 
