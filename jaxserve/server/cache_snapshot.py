@@ -44,8 +44,8 @@ class SnapshotRefused(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Restored:
-    """What `restore` put back: nodes and the slots they hold."""
+class SnapshotStats:
+    """What a snapshot holds (as saved or restored): tree nodes and the KV slots they own."""
 
     num_nodes: int
     num_slots: int
@@ -119,7 +119,7 @@ def _export_nodes(tree) -> list[dict[str, Any]]:
     return nodes
 
 
-def save(engine, directory: str | Path) -> Restored:
+def save(engine, directory: str | Path) -> SnapshotStats:
     """Write the engine's prefix tree and its KV to `directory` (atomically replacing a previous snapshot).
     Returns what was saved."""
     import orbax.checkpoint as ocp
@@ -149,7 +149,7 @@ def save(engine, directory: str | Path) -> Restored:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return Restored(num_nodes=len(nodes), num_slots=int(slots.shape[0]))
+    return SnapshotStats(num_nodes=len(nodes), num_slots=int(slots.shape[0]))
 
 
 def _group_slots(engine, name: str, slots: np.ndarray) -> np.ndarray:
@@ -195,7 +195,7 @@ def _load(engine, directory: Path) -> tuple[list[dict[str, Any]], dict[str, np.n
     return nodes, rows
 
 
-def restore(engine, directory: str | Path) -> Restored | None:
+def restore(engine, directory: str | Path) -> SnapshotStats | None:
     """Put the snapshot at `directory` into `engine`, whose tree must be empty (a fresh engine). Returns what
     was restored, or None after logging one line saying why the engine starts cold."""
     directory = Path(directory)
@@ -203,8 +203,10 @@ def restore(engine, directory: str | Path) -> Restored | None:
         logger.info(f"cache snapshot: none at {directory}; starting cold")
         return None
     try:
-        nodes, rows = _load(engine, directory)
         kv = engine.kv
+        if kv.tree.num_nodes:
+            raise SnapshotRefused(f"the engine's prefix cache already holds {kv.tree.num_nodes} nodes")
+        nodes, rows = _load(engine, directory)
         num_slots = sum(int(node["num_slots"]) for node in nodes)
         if num_slots > kv.available_slots():
             raise SnapshotRefused(f"it holds {num_slots} KV slots, the pool has {kv.available_slots()} free")
@@ -229,4 +231,4 @@ def restore(engine, directory: str | Path) -> Restored | None:
         kv.tree.insert(tokens, np.asarray(slots, np.int64), node["extra_key"], prev_prefix_len=parent_units)
     kv.check()
     logger.info(f"cache snapshot: restored {len(nodes)} nodes, {num_slots} KV slots from {directory}")
-    return Restored(num_nodes=len(nodes), num_slots=num_slots)
+    return SnapshotStats(num_nodes=len(nodes), num_slots=num_slots)

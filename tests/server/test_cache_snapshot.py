@@ -50,6 +50,9 @@ def test_restored_engine_serves_the_prefix_from_cache_with_the_same_output(sourc
     assert second["meta_info"]["cached_tokens"] > 0
     assert second["output_ids"] == source["cold"][1]["output_ids"]
     engine.check_memory()
+    nodes = engine.kv.tree.num_nodes
+    assert cache_snapshot.restore(engine, source["dir"]) is None  # only into an empty cache
+    assert engine.kv.tree.num_nodes == nodes
 
 
 def test_saving_again_replaces_the_snapshot_whole(source, tmp_path: Path) -> None:
