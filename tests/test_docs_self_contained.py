@@ -4,11 +4,12 @@ that is not in the repository, and every `cache/README.md` section that code nam
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".ipynb", ".yaml", ".yml", ".sh", ".cfg"}
-SKIP_DIRS = {".git", ".venv", "build", ".jax_cache", ".hypothesis", ".pytest_cache", ".ruff_cache", "notes"}
+SKIP_DIRS = {".git", ".venv", "build", "dist", ".jax_cache", ".hypothesis", ".pytest_cache", ".ruff_cache"}
 # Names of documents that live outside the repository, and the section sign they were cited with.
 OUTSIDE = re.compile(
     r"§|reference doc|reference/|shared/|sglang-mem-cache|jax-on-cpu|jax-scale-out|kernels\.md|eagle3-gptoss"
@@ -20,14 +21,16 @@ README_SECTION = re.compile(r'cache/README\.md`?,?\s+"([^"]+)"(?:\s+to\s+"([^"]+
 
 
 def text_files() -> list[Path]:
-    files = []
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if (rel.parts and rel.parts[0] in SKIP_DIRS) or any(p.endswith(".egg-info") for p in rel.parts):
-            continue
-        if path.is_file() and path.suffix in TEXT_SUFFIXES and path != Path(__file__).resolve():
-            files.append(path)
-    return files
+    """The repository's text files: what git tracks or would track (ignored build outputs, venvs and caches
+    left out), or without git every file outside SKIP_DIRS."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+        candidates = [ROOT / name for name in listed]
+    except (OSError, subprocess.CalledProcessError):
+        candidates = [p for p in ROOT.rglob("*") if not set(p.relative_to(ROOT).parts) & SKIP_DIRS]
+    here = Path(__file__).resolve()
+    return [p for p in candidates if p.suffix in TEXT_SUFFIXES and p.is_file() and p.resolve() != here]
 
 
 def test_the_scan_sees_the_tree() -> None:
