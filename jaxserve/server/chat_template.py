@@ -31,11 +31,13 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self._specials = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages`; a template error (e.g. roles out of order) raises APIError 400."""
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               **variables: Any) -> str:
+        """The prompt text for `messages`; `variables` are further template variables (HF's names: `tools`,
+        `reasoning_effort`, ...). A template error (e.g. roles out of order) raises APIError 400."""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **self._specials)
+                                         **self._specials, **variables)
         except TemplateError as exc:
             raise APIError(400, f"the chat template rejected the messages: {exc}") from exc
 

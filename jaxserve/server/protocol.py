@@ -209,6 +209,23 @@ class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message answers this call
+    reasoning_content: str | None = None  # an assistant's earlier reasoning (harmony's analysis channel)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (HF's keys; gpt-oss's template calls reasoning `thinking`
+        and a tool call's arguments a JSON string or object)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content:
+            out["thinking"] = self.reasoning_content
+        return out
 
     def text(self) -> str:
         """The message's text; content parts other than {"type": "text"} are rejected."""
@@ -231,12 +248,25 @@ class ChatCompletionRequest(_OpenAISampling):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | None = None  # "required" and named functions: not yet
+    parallel_tool_calls: StrictBool | None = None  # accepted; every call the model makes is returned
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def template_variables(self) -> dict[str, Any]:
+        """`tools` (unless tool_choice is "none") and `reasoning_effort` for the chat template."""
+        out: dict[str, Any] = {}
+        if self.tools and self.tool_choice != "none":
+            out["tools"] = self.tools
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        return out
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -2,8 +2,11 @@
 (streaming over SSE with incremental deltas, `data: [DONE]` last; `stream_options.include_usage` adds a
 usage chunk), and the tokenizer routes /tokenize and /detokenize.
 
-Chat prompts are the model's chat template (tokenizer_config.json) rendered over `messages`, tokenized
-without adding special tokens (the template places them); a model without a template answers 400.
+Chat prompts are the model's chat template (tokenizer_config.json) rendered over `messages` (with `tools`
+and `reasoning_effort` as template variables), tokenized without adding special tokens (the template places
+them); a model without a template answers 400. A model whose tokenizer has harmony's special tokens
+(gpt-oss) answers with `content`, `reasoning_content` and `tool_calls` read from its output channels
+(`harmony`); other models answer their text as `content`.
 `n` choices per prompt share its prefill (`parallel`); a list of prompts in /v1/completions gives
 `len(prompts) * n` choices, prompt-major. Logprobs are of the model's raw distribution
 (`jaxserve.sampling.logprobs`). Usage counts every prompt once and every choice's output.
@@ -19,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from jaxserve.server import openai_logprobs, parallel, streaming
+from jaxserve.server import harmony, openai_logprobs, parallel, streaming
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
 from jaxserve.server.protocol import (
@@ -85,16 +88,15 @@ def _tokenizer(state):
     return tokenizer
 
 
-def _rendered_chat(state, messages: list[ChatMessage]) -> str:
+def _rendered_chat(state, messages: list[ChatMessage], variables: dict[str, Any] | None = None) -> str:
     if state.chat_template is None:
         raise APIError(400, "this model has no chat template (tokenizer_config.json 'chat_template'); "
                             "use /v1/completions or /generate with a raw prompt")
     try:
-        rendered = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                    for m in messages]
+        rendered = [m.template_dict() for m in messages]
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
-    return state.chat_template.render(rendered, add_generation_prompt=True)
+    return state.chat_template.render(rendered, add_generation_prompt=True, **(variables or {}))
 
 
 @router.post("/v1/completions")
@@ -118,8 +120,10 @@ async def completions(body: CompletionRequest, request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.server
-    text = _rendered_chat(state, body.messages)
+    text = _rendered_chat(state, body.messages, body.template_variables())
     params = await _params(state, body, body.max_new_tokens)
+    if harmony.is_harmony(state.loop.engine.tokenizer):
+        params["skip_special_tokens"] = False  # the channels are read from the special tokens
     ids = await state.loop.call(lambda engine: engine.tokenizer.encode(text, add_special_tokens=False))
     [handles] = await parallel.submit(state.loop, None, [ids], params, body.n, request)
     return await _Reply(state, body, chat=True, echoes=[""] * body.n).respond(handles, request)
@@ -133,6 +137,7 @@ class _Reply:
         self.head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, "created": int(time.time()),
                      "model": body.model or state.served_model_name}
         self.with_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+        self.harmony = chat and harmony.is_harmony(state.loop.engine.tokenizer)
         self._texts: dict[int, str] = {}
 
     def token_text(self, token_id: int) -> str:
@@ -158,7 +163,12 @@ class _Reply:
             meta, reason = event.meta_info, _finish_reason(event.meta_info)
             echo = self.echoes[index]
             logprobs = self.logprobs(meta, 0, None, len(echo))
-            if self.chat:
+            if self.harmony:
+                parsed = harmony.parse(event.text, finished=True)
+                reason = "tool_calls" if parsed.tool_calls else reason
+                choices.append({"index": index, "message": _harmony_message(parsed), "logprobs": logprobs,
+                                "finish_reason": reason})
+            elif self.chat:
                 choices.append({"index": index, "message": {"role": "assistant", "content": event.text},
                                 "logprobs": logprobs, "finish_reason": reason})
             else:
@@ -179,6 +189,8 @@ class _Reply:
 
     async def _stream(self, handles: list[parallel.Handle]):
         sent = [0] * len(handles)  # output tokens whose logprobs were sent
+        texts = [""] * len(handles)  # harmony: each choice's output so far, parsed again at every event
+        shown = [harmony.Parsed() for _ in handles]  # harmony: what was sent of it
         offsets = [len(e) for e in self.echoes]
         finals: list[dict | None] = [None] * len(handles)
         for index in range(len(handles)):
@@ -196,13 +208,49 @@ class _Reply:
             offsets[index] += len(event.delta_text)
             if event.finished:
                 finals[index] = event.meta_info
-            yield self._chunk(index, event.delta_text, _finish_reason(event.meta_info) if event.finished
-                              else None, logprobs)
+            reason = _finish_reason(event.meta_info) if event.finished else None
+            if self.harmony:
+                texts[index] += event.delta_text
+                parsed = harmony.parse(texts[index], finished=event.finished)
+                delta = _harmony_delta(shown[index], parsed)
+                shown[index] = parsed
+                reason = "tool_calls" if reason and parsed.tool_calls else reason
+                yield streaming.sse({**self.head, "object": "chat.completion.chunk", "choices": [
+                    {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]})
+                continue
+            yield self._chunk(index, event.delta_text, reason, logprobs)
         usage = self.body.stream_options is not None and self.body.stream_options.include_usage
         if usage and all(f is not None for f in finals):
             yield streaming.sse({**self.head, "object": "chat.completion.chunk" if self.chat else
                                  "text_completion", "choices": [], "usage": _usage(finals, self.body.n)})
         yield streaming.DONE
+
+
+def _tool_call(call: harmony.ToolCall, index: int | None = None) -> dict:
+    out = {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+           "function": {"name": call.name, "arguments": call.arguments}}
+    return out if index is None else {"index": index, **out}
+
+
+def _harmony_message(parsed: harmony.Parsed) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None,
+                               "reasoning_content": parsed.reasoning_content or None}
+    if parsed.tool_calls:
+        message["tool_calls"] = [_tool_call(c) for c in parsed.tool_calls]
+    return message
+
+
+def _harmony_delta(before: harmony.Parsed, now: harmony.Parsed) -> dict:
+    """What `now` adds to `before` (the text fields only grow; new complete tool calls)."""
+    delta: dict[str, Any] = {}
+    if len(now.content) > len(before.content):
+        delta["content"] = now.content[len(before.content):]
+    if len(now.reasoning_content) > len(before.reasoning_content):
+        delta["reasoning_content"] = now.reasoning_content[len(before.reasoning_content):]
+    if len(now.tool_calls) > len(before.tool_calls):
+        delta["tool_calls"] = [_tool_call(c, i) for i, c in enumerate(now.tool_calls)
+                               if i >= len(before.tool_calls)]
+    return delta
 
 
 @router.post("/tokenize")
