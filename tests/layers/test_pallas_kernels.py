@@ -1,7 +1,10 @@
 """The Pallas kernels `pallas_tpu` and `pallas_gpu` equal the `native` oracle, in interpret mode on CPU.
 
-TPU: Pallas's TPU interpret mode (`pltpu.InterpretParams`: simulated HBM/VMEM, DMAs and semaphores, so a
-copy that is never waited on, or a read past the pool, fails the test). GPU: `interpret=True`. Hypothesis
+TPU, two interpreters: Pallas's TPU interpreter (`pltpu.InterpretParams`: simulated HBM/VMEM, DMAs and
+semaphores, so a copy that is never waited on, or a read past the pool, fails the test) cannot reshape or
+bitcast a ref, so it runs the kernel with K/V read by plain indexing; the HLO interpreter
+(`interpret=True`) runs the device's packed strided loads (32-bit words of bf16/fp8 rows). Each variant
+names the one it uses; low-precision pools run on both. GPU: `interpret=True`. Hypothesis
 draws ragged steps (`pallas_cases`); variants fix the static options (page size 1 or 16, window, sinks,
 soft-cap, scale, tree masks, key/query block sizes, split-K). Every output row is compared, padding rows
 included. Page size 64 is covered by the lowering checks (a 64-key table holds a single page of 64).
@@ -36,18 +39,21 @@ from tests.layers.pallas_cases import SEQ, SEQS, Layout, fit, ragged_case, run_n
 KERNELS = ["pallas_tpu", "pallas_gpu"]
 
 
-def _run(name, q, k, v, pool, meta, sinks, window, softcap, scale, options, interpret=True):
+def _run(name, q, k, v, pool, meta, sinks, window, softcap, scale, options):
+    options = {"interpret": True, **dict(options)}
     return get_backend(name)(q, k, v, pool, 0, meta, sliding_window=window, sinks=sinks,
-                             logit_softcap=softcap, scale=scale, interpret=interpret, **dict(options))
+                             logit_softcap=softcap, scale=scale, **options)
 
 
-_run = jax.jit(_run, static_argnames=("name", "window", "softcap", "scale", "options", "interpret"))
+_run = jax.jit(_run, static_argnames=("name", "window", "softcap", "scale", "options"))
+TPU_INTERPRETER = ("interpret", pltpu.InterpretParams())
 
 # (page_size, trees, window, sinks, softcap, scale, kernel options)
 VARIANTS = {
     "pallas_tpu": [
-        (1, False, 5, True, 2.0, None, (("block_keys", 8), ("block_tokens", 8))),
+        (1, False, 5, True, 2.0, None, (("block_keys", 8), ("block_tokens", 8), TPU_INTERPRETER)),
         (1, True, None, False, None, None, (("block_keys", 4), ("block_tokens", 16))),
+        (16, True, 20, True, None, 0.7, (("block_keys", 16), ("block_tokens", 8), TPU_INTERPRETER)),
         (16, True, 20, True, None, 0.7, (("block_keys", 16), ("block_tokens", 8))),
         (16, False, None, False, 1.5, None, (("block_keys", 32), ("block_tokens", 8))),
     ],
@@ -88,14 +94,15 @@ LOW_PRECISION = [
 ]
 
 
-@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize(("name", "options"),
+                         [("pallas_tpu", ()), ("pallas_tpu", (TPU_INTERPRETER,)), ("pallas_gpu", ())])
 @pytest.mark.parametrize(("layout", "page_size"), LOW_PRECISION)
-def test_kernel_equals_native_on_low_precision_pools_and_head_dims(name, layout, page_size):
+def test_kernel_equals_native_on_low_precision_pools_and_head_dims(name, options, layout, page_size):
     rng = np.random.RandomState(7)
     pool, meta, q, k, v = ragged_case(layout, page_size, [(30, 6), (17, 1), (0, 9), (47, 1)], True, rng)
     sinks = jnp.asarray(rng.randn(layout.q_heads), jnp.float32)
     want, _ = run_native(q, k, v, pool, meta, sinks, 24, None, None)
-    got, got_pool = _run(name, q, k, v, pool, meta, sinks, 24, None, None, (("block_keys", 16),))
+    got, got_pool = _run(name, q, k, v, pool, meta, sinks, 24, None, None, (("block_keys", 16), *options))
     assert got.dtype == q.dtype and got_pool.data.dtype == pool.data.dtype
     atol = 3e-2 if layout.compute == jnp.bfloat16 else 1e-5
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol)

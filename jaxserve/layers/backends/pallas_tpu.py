@@ -11,8 +11,9 @@ rows can see are copied: none past kv_len, before the window, or past the causal
 Visibility, sinks, soft-cap and scale are exactly `native`'s (see `jaxserve.layers.attention_metadata`).
 The custom (tree) mask, when given, is copied per key block alongside the pages. Pool dtypes: float32,
 bfloat16 (stored as uint16 bits) and float8_e4m3fn (uint8 bits times the pool's `fp8_scale`); bits are
-converted after the copy, in VMEM. On a machine without a TPU the kernel runs in Pallas's TPU interpret
-mode (slow; every pool operand is copied per call), which is what the CPU tests exercise.
+converted after the copy, in VMEM, each KV head's K and V read with one strided load of 32-bit words.
+On a machine without a TPU the kernel runs in a Pallas interpreter (see `interpret`), which is what the
+CPU tests exercise. Page size 1 works but costs one copy per key.
 """
 
 from __future__ import annotations
@@ -40,14 +41,18 @@ def ragged_paged_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, pool: KVPool, layer: int, meta: AttentionMetadata, *,
     use_swa_tables: bool = False, sliding_window: int | None = None, sinks: jax.Array | None = None,
     logit_softcap: float | None = None, scale: float | None = None, block_keys: int | None = None,
-    block_tokens: int | None = None, interpret: bool | None = None,
+    block_tokens: int | None = None, interpret: bool | pltpu.InterpretParams | None = None,
 ) -> tuple[jax.Array, KVPool]:
     """Same contract as `native.paged_attention`: write `k, v [T, kv_heads, D]` into layer `layer`, then
     attend `q [T, q_heads, D]`; returns `(out [T, q_heads, D] in q's dtype, new_pool)`.
 
     `block_keys`: key indices per key block (in tokens; default `BLOCK_KEYS`, at most the table's
     `max_kv_len`, rounded down to whole pages). `block_tokens`: tokens per query block (default about
-    T / S, 8 to 128). `interpret`: run in Pallas's TPU interpret mode (default: when not on a TPU).
+    T / S, 8 to 128). `interpret`: False compiles for the TPU; True runs the same kernel in Pallas's
+    HLO interpreter; a `pltpu.InterpretParams` runs it in the TPU interpreter (simulated DMAs and
+    semaphores), which cannot reshape or bitcast a ref, so K and V are read there by plain indexing instead
+    of the device's packed strided loads. Default: False on a TPU, True elsewhere.
+    ValueError for an fp8 pool with an odd number of KV heads (four fp8 rows share one 32-bit word).
     """
     slots_new, table = write_slots_and_table(meta, pool, use_swa_tables)
     pool = write_kv(pool, layer, slots_new, k, v)  # write first: the kernel reads the new pool
@@ -61,6 +66,9 @@ def ragged_paged_attention(
                              block_keys=pages_per_block * page_size)
     if interpret is None:
         interpret = jax.default_backend() != "tpu"
+    if pool.dtype == np.dtype(jnp.float8_e4m3fn) and pool.num_kv_heads % 2:
+        raise ValueError(f"pallas_tpu reads fp8 pools as 32-bit words of two KV heads' K and V; "
+                         f"{pool.num_kv_heads} KV heads is odd")
     out = _attend(q, pool, layer, table, plan, meta.custom_mask, sinks,
                   scale=head_dim ** -0.5 if scale is None else scale, logit_softcap=logit_softcap,
                   pages_per_block=pages_per_block, interpret=interpret)
@@ -69,7 +77,8 @@ def ragged_paged_attention(
 
 def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBlocks,
             custom_mask: jax.Array | None, sinks: jax.Array | None, *, scale: float,
-            logit_softcap: float | None, pages_per_block: int, interpret: bool) -> jax.Array:
+            logit_softcap: float | None, pages_per_block: int,
+            interpret: bool | pltpu.InterpretParams) -> jax.Array:
     """Lay the step out in query blocks, run the kernel, and put the rows back in token order."""
     _, num_q_heads, head_dim = q.shape
     num_kv_heads = pool.num_kv_heads
@@ -108,7 +117,8 @@ def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBloc
         _kernel, num_kv_heads=num_kv_heads, group=group, block_tokens=bq, page_size=pool.page_size,
         pages_per_block=pages_per_block, max_pages=table.shape[1], scale=scale, logit_softcap=logit_softcap,
         has_sinks=sinks is not None, has_mask=custom_mask is not None, pool_dtype=pool.dtype,
-        read_dtype=np.dtype(pool.output_dtype), compute_dtype=np.dtype(q.dtype), fp8_scale=pool.fp8_scale)
+        read_dtype=np.dtype(pool.output_dtype), compute_dtype=np.dtype(q.dtype), fp8_scale=pool.fp8_scale,
+        packed_loads=not isinstance(interpret, pltpu.InterpretParams))
     out_blocks = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -117,7 +127,7 @@ def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBloc
             scratch_shapes=scratch),
         out_shape=jax.ShapeDtypeStruct((num_blocks, num_kv_heads, rows, head_dim), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=pltpu.InterpretParams() if interpret else False,
+        interpret=interpret,
     )(*scalars, *operands)
     out_blocks = out_blocks.reshape(num_blocks, num_kv_heads, group, bq, head_dim).transpose(0, 3, 1, 2, 4)
     return plan.scatter(out_blocks.reshape(num_blocks, bq, num_q_heads, head_dim))
@@ -135,10 +145,38 @@ def to_compute(bits: jax.Array, *, pool_dtype: np.dtype, read_dtype: np.dtype, c
     return x.astype(read_dtype).astype(compute_dtype)
 
 
+def load_head_packed(kv_buf, slot, head: int, *, pool_dtype: np.dtype,
+                     fp8_scale: float) -> tuple[jax.Array, jax.Array]:
+    """K and V `[bk, D]` (float32) of KV head `head` from VMEM slot `slot` of `kv_buf [2, bk, 2Hkv, D]`.
+
+    The buffer is read as rows `[2 * bk * 2Hkv, D]` with one strided load per head: K of head h at row
+    2h + 2Hkv * key, V one row after it. Narrow dtypes are read as 32-bit words (Mosaic's strided loads
+    are dependable on 32-bit rows, not on packed 16- or 8-bit ones): a word holds two bf16 rows (K low,
+    V high; placed in the high half, a bf16's bits are its float32 value) or four fp8 rows (K, V of heads
+    2j and 2j + 1).
+    """
+    num_slots, bk, rows_per_key, head_dim = kv_buf.shape
+    rows = kv_buf.reshape(num_slots * bk * rows_per_key, head_dim)
+    if pool_dtype == np.dtype(jnp.float32):
+        base = slot * bk * rows_per_key + 2 * head
+        return tuple(rows[pl.ds(base + half, bk, stride=rows_per_key), :] for half in (0, 1))
+    per_word = 4 // np.dtype(rows.dtype).itemsize
+    words_per_key = rows_per_key // per_word
+    words = rows.bitcast(jnp.uint32)[pl.ds(slot * bk * words_per_key + 2 * head // per_word, bk,
+                                           stride=words_per_key), :]
+    if pool_dtype == np.dtype(jnp.bfloat16):
+        return (pltpu.bitcast(words << 16, jnp.float32),
+                pltpu.bitcast(words & jnp.uint32(0xFFFF0000), jnp.float32))
+    shift = 16 * (head % 2)
+    fp8 = lambda w: pltpu.bitcast((w & 0xFF).astype(jnp.uint8), jnp.float8_e4m3fn).astype(jnp.float32)
+    return fp8(words >> shift) * fp8_scale, fp8(words >> (shift + 8)) * fp8_scale
+
+
 def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo_ref, hi_ref, *refs,
             num_kv_heads: int, group: int, block_tokens: int, page_size: int, pages_per_block: int,
             max_pages: int, scale: float, logit_softcap: float | None, has_sinks: bool, has_mask: bool,
-            pool_dtype: np.dtype, read_dtype: np.dtype, compute_dtype: np.dtype, fp8_scale: float):
+            pool_dtype: np.dtype, read_dtype: np.dtype, compute_dtype: np.dtype, fp8_scale: float,
+            packed_loads: bool):
     refs = list(refs)
     sink_ref = refs.pop(0) if has_sinks else None
     mask_hbm = refs.pop(0) if has_mask else None
@@ -199,11 +237,14 @@ def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo
         if has_mask:
             visible &= mask_buf[slot] != 0
         visible = jnp.broadcast_to(visible[None], (group, bq, bk)).reshape(rows, bk)
-        convert = functools.partial(to_compute, pool_dtype=pool_dtype, read_dtype=read_dtype,
-                                    compute_dtype=compute_dtype, fp8_scale=fp8_scale)
         for h in range(num_kv_heads):
-            keys = convert(kv_buf[slot, :, 2 * h, :])  # [bk, D]
-            values = convert(kv_buf[slot, :, 2 * h + 1, :])
+            if packed_loads:
+                keys, values = (x.astype(read_dtype).astype(compute_dtype) for x in load_head_packed(
+                    kv_buf, slot, h, pool_dtype=pool_dtype, fp8_scale=fp8_scale))
+            else:
+                keys, values = (to_compute(kv_buf[slot, :, 2 * h + half, :], pool_dtype=pool_dtype,
+                                           read_dtype=read_dtype, compute_dtype=compute_dtype,
+                                           fp8_scale=fp8_scale) for half in (0, 1))  # [bk, D]
             s = jax.lax.dot_general(q_ref[0, h], keys, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.float32) * scale  # [rows, bk]
             if logit_softcap is not None:
