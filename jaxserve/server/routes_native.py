@@ -1,5 +1,5 @@
-"""SGLang's native routes: /generate, /health, /get_model_info, /get_server_info, /flush_cache, /metrics,
-/abort_request.
+"""SGLang's native routes: /generate, /health, /health_generate, /get_model_info, /get_server_info,
+/flush_cache, /metrics, /abort_request.
 
 `/generate` answers `{"text", "output_ids", "meta_info"}` (a list of them for a batch). `meta_info` has
 id, prompt_tokens, completion_tokens, cached_tokens, spec_verify_ct (0 without speculative decoding),
@@ -14,6 +14,8 @@ they read what it last published (`EngineLoop.snapshot`, the metrics registry).
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
@@ -24,6 +26,7 @@ from jaxserve.server.errors import APIError
 from jaxserve.server.protocol import GenerateRequest
 
 router = APIRouter()
+HEALTH_GENERATE_TIMEOUT_S = 60.0
 
 
 def _state(request: Request):
@@ -66,6 +69,19 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "unhealthy", "error": repr(loop.error)}, status_code=503)
     if loop.warmup is not None and not loop.warmup.finished:
         return JSONResponse(loop.warmup.status())
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """200 once the engine generates one token for a one-token prompt (through the queue, as any request);
+    503 if the engine has died or the token does not come within `HEALTH_GENERATE_TIMEOUT_S`."""
+    loop = _state(request).loop
+    try:
+        handles = await loop.submit(None, [[0]], [{"max_new_tokens": 1, "temperature": 0}])
+        await asyncio.wait_for(streaming.collect_all(loop, handles, request), HEALTH_GENERATE_TIMEOUT_S)
+    except (APIError, TimeoutError, RuntimeError) as exc:
+        return JSONResponse({"status": "unhealthy", "error": repr(exc)}, status_code=503)
     return Response(status_code=200)
 
 

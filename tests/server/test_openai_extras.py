@@ -153,3 +153,8 @@ def test_models_tokenize_detokenize(oai, client, reference):
     assert client.post("/detokenize", json={"tokens": r["tokens"]}).json()["text"] == "Hello world"
     bad = client.post("/detokenize", json={"tokens": [10**9]})
     assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["message"]
+
+
+def test_health_generate_runs_one_token(client):
+    assert client.get("/health_generate").status_code == 200
+    assert_kv_baseline(client)
