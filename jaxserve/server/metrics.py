@@ -118,6 +118,7 @@ class ServerMetrics:
         self.accept_length.set(1.0)
         self._window_s = window_s
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._recent_tokens = 0  # sum of the counts in `_recent`
         self._last_token_time: dict[str, float] = {}
         self._first_token_time: dict[str, float] = {}
         self._totals = {"prompt": 0, "cached": 0, "completion": 0, "verify": 0}
@@ -133,6 +134,7 @@ class ServerMetrics:
         now = time.perf_counter()
         self.generation_tokens.inc(num_tokens)
         self._recent.append((now, num_tokens))
+        self._recent_tokens += num_tokens
         if first:
             self.ttft.observe(now - req.arrival_time)
             self._first_token_time[req.rid] = now
@@ -176,8 +178,8 @@ class ServerMetrics:
         self.swa_available_tokens.set(usage.swa_free_slots)
         now = time.perf_counter()
         while self._recent and self._recent[0][0] < now - self._window_s:
-            self._recent.popleft()
-        throughput = sum(n for _, n in self._recent) / self._window_s
+            self._recent_tokens -= self._recent.popleft()[1]
+        throughput = self._recent_tokens / self._window_s
         self.throughput.set(throughput)
         self._last_step = {"num_running": num_running, "num_queue": num_queue,
                            "token_usage": usage.token_usage, "throughput": throughput}

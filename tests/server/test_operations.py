@@ -199,3 +199,23 @@ def test_warmup_runs_while_serving_and_health_reports_its_progress(engine, refer
             assert time.monotonic() < deadline, seen
             time.sleep(0.2)
         assert health.status_code == 200 and seen == sorted(seen)
+
+
+def test_gen_throughput_counts_the_tokens_of_the_last_window_only():
+    from types import SimpleNamespace
+
+    from jaxserve.server.metrics import KVUsage, ServerMetrics
+
+    metrics = ServerMetrics(window_s=0.5)
+    req = SimpleNamespace(rid="r", arrival_time=time.perf_counter())
+    metrics.on_submit(req)
+    usage = KVUsage(num_slots=64, free_slots=60, evictable_slots=2)
+    metrics.on_tokens(req, 3, first=True)
+    metrics.on_tokens(req, 2, first=False)
+    metrics.on_step(usage, 1, 0)
+    assert metrics.snapshot()["throughput"] == 5 / 0.5
+    assert metrics.snapshot()["token_usage"] == 2 / 64
+    time.sleep(0.6)
+    metrics.on_tokens(req, 4, first=False)
+    metrics.on_step(usage, 1, 0)
+    assert metrics.snapshot()["throughput"] == 4 / 0.5
