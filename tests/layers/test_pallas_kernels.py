@@ -149,6 +149,22 @@ def test_donated_two_layer_step_never_copies_the_pool(name):
     assert not copies, copies[:3]
 
 
+def test_unsupported_shapes_fail_with_the_rule():
+    rng = np.random.RandomState(0)
+    fp8 = Layout(2, 1, 16, jnp.float8_e4m3fn, jnp.float32)
+    pool, meta, q, k, v = ragged_case(fp8, 16, [(5, 3)], False, rng)
+    with pytest.raises(ValueError, match="odd"):
+        get_backend("pallas_tpu")(q, k, v, pool, 0, meta)
+    pool, meta, q, k, v = ragged_case(Layout(), 16, [(5, 3)], False, rng)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        get_backend("pallas_tpu")(q, k, v, pool, 0, meta, block_tokens=4)
+    with pytest.raises(ValueError, match="power of two"):
+        get_backend("pallas_gpu")(q, k, v, pool, 0, meta, block_tokens=12)
+    pool, meta, q, k, v = ragged_case(Layout(head_dim=24), 16, [(5, 3)], False, rng)
+    with pytest.raises(ValueError, match="power-of-two page_size and head_dim"):
+        get_backend("pallas_gpu")(q, k, v, pool, 0, meta)
+
+
 _TPU_MESH = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind="TPU v6 lite", num_cores=1,
                                                                       platform="tpu"))
 

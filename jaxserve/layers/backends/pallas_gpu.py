@@ -35,6 +35,7 @@ from jaxserve.memory.kv_pool import KVPool, write_kv
 _MASKED = -1e30  # finite, so a fully masked block leaves the running max finite and its weights at 0
 BLOCK_KEYS = 64  # key indices per key block (a power of two, at least 16)
 MIN_ROWS = 16  # the smallest matmul side Triton accepts
+MAX_ROWS = 128  # default cap on padded G * block_tokens (64 for head_dim > 128)
 MAX_KV_SPLITS = 16
 DECODE_TOKENS_PER_SEQ = 8  # steps with T <= this * S split long contexts across programs
 
@@ -54,7 +55,8 @@ def ragged_paged_attention(
     attend `q [T, q_heads, D]`; returns `(out [T, q_heads, D] in q's dtype, new_pool)`.
 
     `block_keys`: key indices per key block (a power of two >= 16, default `BLOCK_KEYS`).
-    `block_tokens`: tokens per query block (a power of two; default about T / S, enough for 16 rows).
+    `block_tokens`: tokens per query block (a power of two; default about T / S, enough for 16 rows and
+    at most `MAX_ROWS`).
     `kv_splits`: programs sharing one block's key blocks (default: up to `MAX_KV_SPLITS` on decode-like
     steps, by context length; 1 otherwise). `interpret`: Pallas interpret mode (default: when not on a GPU).
     ValueError when `page_size` or `head_dim` is not a power of two.
@@ -69,7 +71,10 @@ def ragged_paged_attention(
     padded_group = _pow2(num_q_heads // pool.num_kv_heads)
     bk = max(MIN_ROWS, _pow2(block_keys or BLOCK_KEYS))
     if block_tokens is None:
-        block_tokens = pick_block_tokens(num_tokens, meta.num_seqs, smallest=max(1, MIN_ROWS // padded_group))
+        smallest = max(1, MIN_ROWS // padded_group)
+        max_rows = MAX_ROWS if head_dim <= 128 else MAX_ROWS // 2  # the accumulator lives in registers
+        block_tokens = pick_block_tokens(num_tokens, meta.num_seqs, smallest=smallest,
+                                         largest=max(smallest, max_rows // padded_group))
     if block_tokens != _pow2(block_tokens) or block_tokens * padded_group < MIN_ROWS:
         raise ValueError(f"block_tokens={block_tokens} must be a power of two with block_tokens * "
                          f"{padded_group} (padded group) >= {MIN_ROWS}")

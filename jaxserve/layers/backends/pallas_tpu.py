@@ -34,6 +34,7 @@ from jaxserve.memory.kv_pool import KVPool, write_kv
 
 _MASKED = -1e30  # finite, so a fully masked block leaves the running max finite and its weights at 0
 BLOCK_KEYS = 256  # key indices per key block (rounded down to whole pages, at least one page)
+MAX_ROWS = 512  # default cap on G * block_tokens: the float32 accumulator rows per KV head in VMEM
 
 
 @register_backend("pallas_tpu")
@@ -47,12 +48,14 @@ def ragged_paged_attention(
     attend `q [T, q_heads, D]`; returns `(out [T, q_heads, D] in q's dtype, new_pool)`.
 
     `block_keys`: key indices per key block (in tokens; default `BLOCK_KEYS`, at most the table's
-    `max_kv_len`, rounded down to whole pages). `block_tokens`: tokens per query block (default about
-    T / S, 8 to 128). `interpret`: False compiles for the TPU; True runs the same kernel in Pallas's
-    HLO interpreter; a `pltpu.InterpretParams` runs it in the TPU interpreter (simulated DMAs and
-    semaphores), which cannot reshape or bitcast a ref, so K and V are read there by plain indexing instead
-    of the device's packed strided loads. Default: False on a TPU, True elsewhere.
-    ValueError for an fp8 pool with an odd number of KV heads (four fp8 rows share one 32-bit word).
+    `max_kv_len`, rounded down to whole pages). `block_tokens`: tokens per query block (a multiple of 8;
+    default about T / S, 8 to 128, at most `MAX_ROWS` rows of G query heads).
+    `interpret`: False compiles for the TPU; True runs the same kernel in Pallas's HLO interpreter; a
+    `pltpu.InterpretParams` runs it in the TPU interpreter (simulated DMAs and semaphores), which cannot
+    reshape or bitcast a ref, so K and V are read there by plain indexing instead of the device's packed
+    strided loads. Default: False on a TPU, True elsewhere.
+    ValueError for an fp8 pool with an odd number of KV heads (four fp8 rows share one 32-bit word) or a
+    `block_tokens` that is not a multiple of 8.
     """
     slots_new, table = write_slots_and_table(meta, pool, use_swa_tables)
     pool = write_kv(pool, layer, slots_new, k, v)  # write first: the kernel reads the new pool
@@ -61,7 +64,10 @@ def ragged_paged_attention(
     page_size = meta.page_size
     pages_per_block = max(1, min(block_keys or BLOCK_KEYS, meta.max_kv_len) // page_size)
     if block_tokens is None:
-        block_tokens = pick_block_tokens(num_tokens, meta.num_seqs)
+        most = max(8, MAX_ROWS // (q.shape[1] // pool.num_kv_heads) // 8 * 8)
+        block_tokens = pick_block_tokens(num_tokens, meta.num_seqs, largest=most)
+    if block_tokens % 8:
+        raise ValueError(f"block_tokens={block_tokens} must be a multiple of 8 (TPU sublanes)")
     plan = plan_query_blocks(meta, sliding_window, block_tokens=block_tokens,
                              block_keys=pages_per_block * page_size)
     if interpret is None:
@@ -149,21 +155,19 @@ def load_head_packed(kv_buf, slot, head: int, *, pool_dtype: np.dtype,
                      fp8_scale: float) -> tuple[jax.Array, jax.Array]:
     """K and V `[bk, D]` (float32) of KV head `head` from VMEM slot `slot` of `kv_buf [2, bk, 2Hkv, D]`.
 
-    The buffer is read as rows `[2 * bk * 2Hkv, D]` with one strided load per head: K of head h at row
+    The slot is read as rows `[bk * 2Hkv, D]` with one strided load per head: K of head h at row
     2h + 2Hkv * key, V one row after it. Narrow dtypes are read as 32-bit words (Mosaic's strided loads
     are dependable on 32-bit rows, not on packed 16- or 8-bit ones): a word holds two bf16 rows (K low,
     V high; placed in the high half, a bf16's bits are its float32 value) or four fp8 rows (K, V of heads
     2j and 2j + 1).
     """
-    num_slots, bk, rows_per_key, head_dim = kv_buf.shape
-    rows = kv_buf.reshape(num_slots * bk * rows_per_key, head_dim)
+    _, bk, rows_per_key, head_dim = kv_buf.shape
+    rows = kv_buf.at[slot].reshape(bk * rows_per_key, head_dim)  # static starts from here on
     if pool_dtype == np.dtype(jnp.float32):
-        base = slot * bk * rows_per_key + 2 * head
-        return tuple(rows[pl.ds(base + half, bk, stride=rows_per_key), :] for half in (0, 1))
+        return tuple(rows[pl.ds(2 * head + half, bk, stride=rows_per_key), :] for half in (0, 1))
     per_word = 4 // np.dtype(rows.dtype).itemsize
     words_per_key = rows_per_key // per_word
-    words = rows.bitcast(jnp.uint32)[pl.ds(slot * bk * words_per_key + 2 * head // per_word, bk,
-                                           stride=words_per_key), :]
+    words = rows.bitcast(jnp.uint32)[pl.ds(2 * head // per_word, bk, stride=words_per_key), :]
     if pool_dtype == np.dtype(jnp.bfloat16):
         return (pltpu.bitcast(words << 16, jnp.float32),
                 pltpu.bitcast(words & jnp.uint32(0xFFFF0000), jnp.float32))
