@@ -1,0 +1,71 @@
+"""Cost of constrained decoding: decode tokens/s of a batch with and without a grammar, in one run.
+
+    python -m jaxserve.bench.grammar                 # batch 8, 64 output tokens, 3 repeats
+    python -m jaxserve.bench.grammar --batch 16
+
+Model: the embedded default (its tokenizer builds the grammar's vocabulary). The same `--batch` prompts
+decode `--max-new-tokens` tokens (greedy, ignore_eos) unconstrained, then each under the regex
+`[a-z ]+` (an open-ended grammar: every step fills and applies a mask), alternating, after one untimed pass
+of each (compilation). Reported: the median pass's output tokens/s of both and their ratio. The constrained
+figure includes what constraining costs besides the mask: its steps are applied as they are dispatched
+(no overlap of host and device work), since each mask needs the token before it; so the run also times the
+unconstrained batch with the overlap schedule off (`plain_sync`, same model), and `regex_over_plain_sync`
+is the mask's own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from jaxserve.assets import EMBEDDED_MODEL_DIR
+from jaxserve.engine import Engine
+
+PROMPTS = ["The quick brown fox", "Hello world", "def main():", "Question: what is the capital of France?"]
+REGEX = "[a-z ]+"
+
+
+def _pass(engine: Engine, prompts: list[str], params: dict) -> float:
+    """Output tokens per second of one generate call."""
+    start = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return sum(o["meta_info"]["completion_tokens"] for o in outs) / elapsed
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    flags = dict(page_size=16, max_total_tokens=8192, chunked_prefill_size=64,
+                 max_running_requests=max(args.batch, 1), random_seed=0)
+    engine = Engine(model_path=str(EMBEDDED_MODEL_DIR), **flags)
+    sync = Engine(model=engine.model, tokenizer=engine.tokenizer, disable_overlap_schedule=True, **flags)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.batch)]
+    base = {"temperature": 0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
+    kinds = {"plain": (engine, base), "plain_sync": (sync, base), "regex": (engine, {**base, "regex": REGEX})}
+    for eng, params in kinds.values():  # compile every shape each needs
+        _pass(eng, prompts, params)
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(args.repeats):
+        for name, (eng, params) in kinds.items():
+            eng.flush_cache()
+            rates[name].append(_pass(eng, prompts, params))
+    median = {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
+    result = {"batch": args.batch, "max_new_tokens": args.max_new_tokens,
+              **{f"{k}_tok_s": round(v, 1) for k, v in median.items()},
+              "regex_over_plain": round(median["regex"] / median["plain"], 3),
+              "regex_over_plain_sync": round(median["regex"] / median["plain_sync"], 3)}
+    print(f"grammar bench: batch {args.batch}, {args.max_new_tokens} tokens: plain {median['plain']:.1f}, "
+          f"plain without overlap {median['plain_sync']:.1f}, regex {median['regex']:.1f} tok/s; "
+          f"regex / plain {result['regex_over_plain']:.3f}, "
+          f"regex / plain without overlap {result['regex_over_plain_sync']:.3f}")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
