@@ -21,7 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-MAX_BATCH = 256  # prompts per /generate request
+MAX_BATCH = 256  # prompts (times n) per request
+MAX_N = 64  # results per prompt (`n`)
 
 
 class _Strict(BaseModel):
@@ -53,7 +54,23 @@ class GenerateRequest(_Strict):
             raise ValueError("stream=true supports a single prompt only (not supported yet for a batch)")
         if isinstance(self.sampling_params, list) and len(self.sampling_params) != len(items):
             raise ValueError(f"{len(self.sampling_params)} sampling_params for {len(items)} prompts")
+        many = [p.get("n", 1) for p in self.sampling_params] if isinstance(self.sampling_params, list) else []
+        if any(n != 1 for n in many):
+            raise ValueError("n > 1 needs one sampling_params object for the whole batch, not a list")
+        n = self.num_choices
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise ValueError(f"sampling_params n={n!r}: expected an int in [1, {MAX_N}]")
+        if n > 1 and self.stream:
+            raise ValueError("stream=true supports n = 1 only")
+        if n * len(items) > MAX_BATCH:
+            raise ValueError(f"{len(items)} prompts x n={n} results; at most {MAX_BATCH}")
         return self
+
+    @property
+    def num_choices(self) -> int:
+        """`n` of the (single) sampling_params object: results per prompt."""
+        params = self.sampling_params
+        return params.get("n", 1) if isinstance(params, dict) and params.get("n") is not None else 1
 
     @property
     def is_batch(self) -> bool:
@@ -76,15 +93,12 @@ class GenerateRequest(_Strict):
         params = self.sampling_params if isinstance(self.sampling_params, list) else \
             [self.sampling_params or {}] * num
         # null means "not set" (SGLang clients send e.g. "json_schema": null)
-        params = [{k: v for k, v in p.items() if v is not None} for p in params]
+        params = [{k: v for k, v in p.items() if v is not None and k != "n"} for p in params]
         return [{**p, "return_logprob": True} if self.return_logprob else p for p in params]
 
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
-
-
-MAX_N = 64  # choices per OpenAI request (`n`)
 
 
 class JsonSchemaFormat(_Strict):

@@ -5,6 +5,7 @@
 id, prompt_tokens, completion_tokens, cached_tokens, spec_verify_ct (0 without speculative decoding),
 finish_reason ({"type": "stop"|"length"|"abort", ...}) and e2e_latency (seconds). With `stream: true` it
 sends SSE chunks whose `text` and `output_ids` are cumulative (SGLang's default), then `data: [DONE]`.
+`n` in `sampling_params` (one dict) gives n results per prompt, prompt-major, each prompt prefilled once.
 `max_new_tokens` above what the context leaves is capped to it (SGLang's rule); a request whose prompt +
 max_new_tokens cannot fit the KV pool even alone is a 400.
 
@@ -20,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from jaxserve.server import streaming
+from jaxserve.server import grammars, parallel, streaming
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
 from jaxserve.server.protocol import GenerateRequest
@@ -42,13 +43,20 @@ async def generate(body: GenerateRequest, request: Request):
     state = _state(request)
     if body.prompts is not None and not state.has_tokenizer:
         raise APIError(400, "this model has no tokenizer: send input_ids instead of text")
-    handles = await state.loop.submit(body.prompts, body.token_lists, body.params_per_prompt())
+    params = body.params_per_prompt()
+    await grammars.precompile(state.loop, params)
+    if body.num_choices > 1:  # prefill once per prompt, then fork (see `parallel`)
+        groups = await parallel.submit(state.loop, body.prompts, body.token_lists, params[0],
+                                       body.num_choices, request)
+        handles = [h for group in groups for h in group]
+    else:
+        handles = await state.loop.submit(body.prompts, body.token_lists, params)
     if body.stream:
         rid, events = handles[0]
         return StreamingResponse(_stream_generate(state.loop, rid, events), media_type="text/event-stream")
     results = await streaming.collect_all(state.loop, handles, request)
     out = [generate_result(e) for e in results]
-    return out if body.is_batch else out[0]
+    return out if body.is_batch or body.num_choices > 1 else out[0]
 
 
 async def _stream_generate(loop, rid, events):

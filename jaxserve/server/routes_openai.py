@@ -14,7 +14,6 @@ them); a model without a template answers 400. A model whose tokenizer has harmo
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from jaxserve.server import harmony, openai_logprobs, parallel, streaming
+from jaxserve.server import grammars, harmony, openai_logprobs, parallel, streaming
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
 from jaxserve.server.protocol import (
@@ -68,16 +67,12 @@ async def model(model_id: str, request: Request) -> dict:
 
 
 async def _params(state, body, max_new_tokens: int | None) -> dict[str, Any]:
-    """The request's sampling params; its grammar (if any) compiled here on a worker thread, so that the
-    engine thread finds it cached (a request waits for its grammar, the batch does not)."""
+    """The request's sampling params, its grammar (if any) compiled off the engine thread."""
     try:
         params = body.sampling_params(max_new_tokens)
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
-    grammar = state.loop.engine.grammar
-    kinds = [k for k in ("json_schema", "regex", "ebnf") if k in params]
-    if grammar is not None and len(kinds) == 1:
-        await asyncio.get_running_loop().run_in_executor(None, grammar.compile, kinds[0], params[kinds[0]])
+    await grammars.precompile(state.loop, [params])
     return params
 
 

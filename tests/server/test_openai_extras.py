@@ -158,3 +158,19 @@ def test_models_tokenize_detokenize(oai, client, reference):
 def test_health_generate_runs_one_token(client):
     assert client.get("/health_generate").status_code == 200
     assert_kv_baseline(client)
+
+
+def test_generate_with_n_returns_n_results_per_prompt(client, reference):
+    """SGLang's /generate: `n` in sampling_params gives n results per prompt, prompt-major; the forks reuse
+    the prompt's cached prefix."""
+    prompts = ["The quick brown fox jumps over the lazy dog and then", "Hello world"]
+    r = client.post("/generate", json={"text": prompts, "sampling_params": {"n": 3, "temperature": 0,
+                                                                            "max_new_tokens": 5}})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [o["text"] for o in out] == [reference.generate(p, 5)[0] for p in prompts for _ in range(3)]
+    long_prompt = len(reference.tokenizer.encode(prompts[0]))
+    assert all(o["meta_info"]["cached_tokens"] >= long_prompt - 16 for o in out[1:3])
+    one = client.post("/generate", json={"text": "Hello", "sampling_params": {"n": 2, "max_new_tokens": 2}})
+    assert isinstance(one.json(), list) and len(one.json()) == 2
+    assert_kv_baseline(client)
