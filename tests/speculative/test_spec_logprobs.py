@@ -5,6 +5,7 @@ against transformers)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.engine import Engine
@@ -14,6 +15,7 @@ PROMPTS = ["The quick brown fox", "def main():", "Hello"]
 PARAMS = {"temperature": 0, "max_new_tokens": 24, "return_logprob": True, "top_logprobs_num": 3}
 
 
+@pytest.mark.slow
 def test_speculative_logprobs_equal_plain_decoding():
     plain = Engine(model_path=str(EMBEDDED_MODEL_DIR), **FLAGS).generate(PROMPTS, PARAMS)
     spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
