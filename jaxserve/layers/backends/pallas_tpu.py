@@ -3,10 +3,11 @@
 One `pallas_call` attends a whole ragged step (prefill chunks and decodes mixed). The step's tokens are
 cut into query blocks of one sequence each (`query_blocks`); program `b` of the grid takes block `b`,
 stacks the G query heads of each KV head as `G * bq` rows, and walks its sequence's key blocks: each key
-block is `pages_per_block` pages copied from the pool in HBM into VMEM by one async copy per page, read
-through the page table held in SMEM (scalar prefetch). Two VMEM slots alternate, so the next block's
-copies are in flight while the current one is scored (online softmax in float32). Only the blocks the
-rows can see are copied: none past kv_len, before the window, or past the causal edge.
+block is `pages_per_block` pages copied from the pool in HBM into VMEM by one async copy per page, found
+through the sequence's page-table row (copied into SMEM per query block, so SMEM holds one row, not the
+whole table). Two VMEM slots alternate, so the next block's copies are in flight while the current one
+is scored (online softmax in float32). Only the blocks the rows can see are copied: none past kv_len,
+before the window, or past the causal edge.
 
 Visibility, sinks, soft-cap and scale are exactly `native`'s (see `jaxserve.layers.attention_metadata`).
 The custom (tree) mask, when given, is copied per key block alongside the pages. Pool dtypes: float32,
@@ -95,8 +96,7 @@ def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBloc
 
     q_blocks = plan.gather(q).reshape(num_blocks, bq, num_kv_heads, group, head_dim)
     q_blocks = q_blocks.transpose(0, 2, 3, 1, 4).reshape(num_blocks, num_kv_heads, rows, head_dim)
-    scalars = (plan.seq, plan.kv_first, plan.kv_count, table.reshape(-1),
-               jnp.asarray(layer, jnp.int32).reshape(1))
+    scalars = (plan.seq, plan.kv_first, plan.kv_count, jnp.asarray(layer, jnp.int32).reshape(1))
     operands = [q_blocks, plan.lo[..., None], plan.hi[..., None]]
     row_block = lambda b, *_: (b, 0, 0)
     in_specs = [pl.BlockSpec((1, num_kv_heads, rows, head_dim), lambda b, *_: (b, 0, 0, 0)),
@@ -106,6 +106,8 @@ def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBloc
                                      (num_kv_heads, group, bq)).reshape(num_kv_heads, rows, 1)
         operands.append(sink_rows)
         in_specs.append(pl.BlockSpec((num_kv_heads, rows, 1), lambda b, *_: (0, 0, 0)))
+    operands.append(table)
+    in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
     scratch = [pltpu.VMEM((2, bk, 2 * num_kv_heads, head_dim), pool.storage_dtype)]
     if custom_mask is not None:
         num_key_blocks = -(-custom_mask.shape[1] // bk)
@@ -115,8 +117,8 @@ def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBloc
         scratch.append(pltpu.VMEM((2, bq, bk), jnp.int32))
     operands.append(pool.data)
     in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
-    scratch += [pltpu.SemaphoreType.DMA((2, 2)), pltpu.VMEM((num_kv_heads, rows, 1), jnp.float32),
-                pltpu.VMEM((num_kv_heads, rows, 1), jnp.float32),
+    per_row = pltpu.VMEM((num_kv_heads, rows, 1), jnp.float32)  # running max, denominator
+    scratch += [pltpu.SMEM((table.shape[1],), jnp.int32), pltpu.SemaphoreType.DMA((2, 2)), per_row, per_row,
                 pltpu.VMEM((num_kv_heads, rows, head_dim), jnp.float32)]
 
     kernel = functools.partial(
@@ -176,17 +178,18 @@ def load_head_packed(kv_buf, slot, head: int, *, pool_dtype: np.dtype,
     return fp8(words >> shift) * fp8_scale, fp8(words >> (shift + 8)) * fp8_scale
 
 
-def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo_ref, hi_ref, *refs,
+def _kernel(seq_ref, kv_first_ref, kv_count_ref, layer_ref, q_ref, lo_ref, hi_ref, *refs,
             num_kv_heads: int, group: int, block_tokens: int, page_size: int, pages_per_block: int,
             max_pages: int, scale: float, logit_softcap: float | None, has_sinks: bool, has_mask: bool,
             pool_dtype: np.dtype, read_dtype: np.dtype, compute_dtype: np.dtype, fp8_scale: float,
             packed_loads: bool):
     refs = list(refs)
     sink_ref = refs.pop(0) if has_sinks else None
+    table_hbm = refs.pop(0)
     mask_hbm = refs.pop(0) if has_mask else None
     pool_hbm, out_ref, kv_buf = refs[:3]
     mask_buf = refs[3] if has_mask else None
-    sem, m_ref, l_ref, acc_ref = refs[3 + has_mask:]
+    table_row, sem, m_ref, l_ref, acc_ref = refs[3 + has_mask:]
 
     b = pl.program_id(0)
     seq, first, count, layer = seq_ref[b], kv_first_ref[b], kv_count_ref[b], layer_ref[0]
@@ -195,7 +198,7 @@ def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo
 
     def page_copy(kb, p, slot):
         """The async copy of page `p` of the sequence's key block `kb` into VMEM slot `slot`."""
-        page = table_ref[seq * max_pages + jnp.minimum(kb * pages_per_block + p, max_pages - 1)]
+        page = table_row[jnp.minimum(kb * pages_per_block + p, max_pages - 1)]
         return pltpu.make_async_copy(pool_hbm.at[layer, pl.ds(page * page_size, page_size)],
                                      kv_buf.at[slot, pl.ds(p * page_size, page_size)], sem.at[0, slot])
 
@@ -226,6 +229,7 @@ def _kernel(seq_ref, kv_first_ref, kv_count_ref, table_ref, layer_ref, q_ref, lo
 
     @pl.when(count > 0)
     def _():
+        pltpu.sync_copy(table_hbm.at[seq], table_row)
         start(0, 0)
 
     def body(i, carry):
