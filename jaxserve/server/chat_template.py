@@ -25,6 +25,7 @@ class ChatTemplate:
         if isinstance(source, list):
             named = {t.get("name"): t.get("template") for t in source}
             source = named.get("default") or next(iter(named.values()))
+        self.source = source
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)

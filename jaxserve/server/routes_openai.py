@@ -6,7 +6,8 @@ Chat prompts are the model's chat template (tokenizer_config.json) rendered over
 and `reasoning_effort` as template variables), tokenized without adding special tokens (the template places
 them); a model without a template answers 400. A model whose tokenizer has harmony's special tokens
 (gpt-oss) answers with `content`, `reasoning_content` and `tool_calls` read from its output channels
-(`harmony`); other models answer their text as `content`.
+(`harmony`); with `tools`, a model whose template writes `<tool_call>` blocks has them read into
+`tool_calls` (`tool_calls`); otherwise the text is the `content`.
 `n` choices per prompt share its prefill (`parallel`); a list of prompts in /v1/completions gives
 `len(prompts) * n` choices, prompt-major. Logprobs are of the model's raw distribution
 (`jaxserve.sampling.logprobs`). Usage counts every prompt once and every choice's output.
@@ -21,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from jaxserve.server import grammars, harmony, openai_logprobs, parallel, streaming
+from jaxserve.server import grammars, harmony, openai_logprobs, parallel, streaming, tool_calls
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
 from jaxserve.server.protocol import (
@@ -132,7 +133,12 @@ class _Reply:
         self.head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, "created": int(time.time()),
                      "model": body.model or state.served_model_name}
         self.with_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
-        self.harmony = chat and harmony.is_harmony(state.loop.engine.tokenizer)
+        self.parse = None  # reads content / reasoning_content / tool_calls out of a chat answer
+        if chat and harmony.is_harmony(state.loop.engine.tokenizer):
+            self.parse = harmony.parse
+        elif chat and body.tools and body.tool_choice != "none" and tool_calls.uses_tool_call_tags(
+                state.chat_template.source):
+            self.parse = tool_calls.parse
         self._texts: dict[int, str] = {}
 
     def token_text(self, token_id: int) -> str:
@@ -158,10 +164,10 @@ class _Reply:
             meta, reason = event.meta_info, _finish_reason(event.meta_info)
             echo = self.echoes[index]
             logprobs = self.logprobs(meta, 0, None, len(echo))
-            if self.harmony:
-                parsed = harmony.parse(event.text, finished=True)
+            if self.parse is not None:
+                parsed = self.parse(event.text, finished=True)
                 reason = "tool_calls" if parsed.tool_calls else reason
-                choices.append({"index": index, "message": _harmony_message(parsed), "logprobs": logprobs,
+                choices.append({"index": index, "message": _assistant_message(parsed), "logprobs": logprobs,
                                 "finish_reason": reason})
             elif self.chat:
                 choices.append({"index": index, "message": {"role": "assistant", "content": event.text},
@@ -184,8 +190,8 @@ class _Reply:
 
     async def _stream(self, handles: list[parallel.Handle]):
         sent = [0] * len(handles)  # output tokens whose logprobs were sent
-        texts = [""] * len(handles)  # harmony: each choice's output so far, parsed again at every event
-        shown = [harmony.Parsed() for _ in handles]  # harmony: what was sent of it
+        texts = [""] * len(handles)  # with a parser: each choice's output so far, parsed at every event
+        shown = [harmony.Parsed() for _ in handles]  # with a parser: what was sent of it
         offsets = [len(e) for e in self.echoes]
         finals: list[dict | None] = [None] * len(handles)
         for index in range(len(handles)):
@@ -204,10 +210,10 @@ class _Reply:
             if event.finished:
                 finals[index] = event.meta_info
             reason = _finish_reason(event.meta_info) if event.finished else None
-            if self.harmony:
+            if self.parse is not None:
                 texts[index] += event.delta_text
-                parsed = harmony.parse(texts[index], finished=event.finished)
-                delta = _harmony_delta(shown[index], parsed)
+                parsed = self.parse(texts[index], finished=event.finished)
+                delta = _assistant_delta(shown[index], parsed)
                 shown[index] = parsed
                 reason = "tool_calls" if reason and parsed.tool_calls else reason
                 yield streaming.sse({**self.head, "object": "chat.completion.chunk", "choices": [
@@ -227,7 +233,7 @@ def _tool_call(call: harmony.ToolCall, index: int | None = None) -> dict:
     return out if index is None else {"index": index, **out}
 
 
-def _harmony_message(parsed: harmony.Parsed) -> dict:
+def _assistant_message(parsed: harmony.Parsed) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None,
                                "reasoning_content": parsed.reasoning_content or None}
     if parsed.tool_calls:
@@ -235,7 +241,7 @@ def _harmony_message(parsed: harmony.Parsed) -> dict:
     return message
 
 
-def _harmony_delta(before: harmony.Parsed, now: harmony.Parsed) -> dict:
+def _assistant_delta(before: harmony.Parsed, now: harmony.Parsed) -> dict:
     """What `now` adds to `before` (the text fields only grow; new complete tool calls)."""
     delta: dict[str, Any] = {}
     if len(now.content) > len(before.content):
