@@ -117,11 +117,13 @@ def _attend(q: jax.Array, pool: KVPool, layer, table: jax.Array, plan: QueryBloc
         pool_dtype=pool.dtype, read_dtype=np.dtype(pool.output_dtype), compute_dtype=np.dtype(q.dtype),
         fp8_scale=pool.fp8_scale)
     split_shape = (num_blocks, num_kv_heads, kv_splits, rows)
+    num_warps = 8 if rows * head_dim >= 128 * 128 else 4  # a 128 x 128 float32 accumulator needs 8
     per_row = jax.ShapeDtypeStruct(split_shape, jnp.float32)
     o, m, denom_split = pl.pallas_call(
         kernel, grid=(num_blocks, num_kv_heads, kv_splits),
         out_shape=(jax.ShapeDtypeStruct((*split_shape, head_dim), jnp.float32), per_row, per_row),
-        compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2), interpret=interpret,
+        compiler_params=pltr.CompilerParams(num_warps=num_warps, num_stages=2),
+        interpret=interpret,
     )(*operands)
 
     # merge the splits (a sink is one more key with a zero value, counted once)
