@@ -206,7 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxserve.server import cache_snapshot
     from jaxserve.server.app import create_app
 
-    logger.info(f"primed the first request's programs in {warmup.prime(engine, engine.vocab_size):.1f} s")
+    try:
+        logger.info(f"primed the first request's programs in {warmup.prime(engine, engine.vocab_size):.1f} s")
+    except Exception as exc:  # e.g. weights that load but do not fit together: refuse to serve, one line
+        print(f"error: the engine could not run a first request: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
     if args.cache_snapshot is not None:  # after priming, which flushes the cache
         cache_snapshot.restore(engine, args.cache_snapshot)  # logs what it restored, or why it starts cold
     port = sock.getsockname()[1]

@@ -87,3 +87,19 @@ def test_launch_refuses_a_corrupt_tokenizer_and_truncated_weights_with_one_line(
         assert out.returncode == 1, out.stderr
         assert len(errors) == 1 and needle in errors[0], out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_an_engine_that_cannot_run_a_first_request_is_refused_with_one_line(monkeypatch, capsys):
+    from jaxserve.server import launch, server_log, warmup
+
+    def fail(engine, vocab_size):
+        raise RuntimeError("dot_general shapes (4, 96) and (64, 64) do not fit")
+
+    monkeypatch.setattr(server_log, "configure_logging", lambda level: None)
+    monkeypatch.setattr(launch, "setup_compilation_cache", lambda args: "compilation cache: (test)")
+    monkeypatch.setattr(launch, "build_engine", lambda args: type("E", (), {"vocab_size": 10})())
+    monkeypatch.setattr(warmup, "prime", fail)
+    assert launch.main(["--port", "0"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: the engine could not run a first request: RuntimeError: dot_general shapes "
+                      "(4, 96) and (64, 64) do not fit"]
