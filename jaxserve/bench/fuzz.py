@@ -3,9 +3,12 @@
 It drives the real `Scheduler` / `SpecScheduler`, `KVCache` (allocator facades and radix / SWA radix tree)
 through random arrivals (shared prefixes or not), chunked prefill, decode steps with the overlap schedule's
 one step in flight, speculative rounds with random accept lengths, evictions, retractions, aborts and cache
-flushes. The model is a deterministic stand-in: the t-th output token of a request is a hash of (its
-prompt, t), so a request's output does not depend on how it was scheduled, and `pool_tokens[slot]` stands
-for the KV written at a slot (the token id of the position computed there).
+flushes. Speculative rounds follow the worker's synchronous path (room for the verify span, accept, free the
+tail pages: what tree drafting and `--disable-overlap-schedule` run); the overlapped chain schedule, which
+keeps a second span for the round in flight, is not modelled. The model is a deterministic stand-in: the
+t-th output token of a request is a hash of (its prompt, t), so a request's output does not depend on how it
+was scheduled, and `pool_tokens[slot]` stands for the KV written at a slot (the token id of the position
+computed there).
 
 After every operation it checks, independently of the cache's own bookkeeping where it can:
 - the tree's ownership proof (`KVCache.check`: free / tree / live-private partition every page, full and
