@@ -103,12 +103,12 @@ async def completions(body: CompletionRequest, request: Request):
     if is_text and not state.has_tokenizer:
         raise APIError(400, "this model has no tokenizer: send the prompt as token ids")
     params = await _params(state, body, body.max_tokens)
-    handles = await parallel.submit(state.loop, prompts if is_text else None, None if is_text else prompts,
-                                    params, body.n, request)
     echoes = [""] * len(prompts)
-    if body.echo:
+    if body.echo:  # before submitting: a 400 here leaves nothing running
         tokenizer = _tokenizer(state)
         echoes = [p if is_text else tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    handles = await parallel.submit(state.loop, prompts if is_text else None, None if is_text else prompts,
+                                    params, body.n, request)
     reply = _Reply(state, body, chat=False, echoes=[e for e in echoes for _ in range(body.n)])
     return await reply.respond([h for per_prompt in handles for h in per_prompt], request)
 

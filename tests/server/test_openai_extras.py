@@ -174,3 +174,14 @@ def test_generate_with_n_returns_n_results_per_prompt(client, reference):
     one = client.post("/generate", json={"text": "Hello", "sampling_params": {"n": 2, "max_new_tokens": 2}})
     assert isinstance(one.json(), list) and len(one.json()) == 2
     assert_kv_baseline(client)
+
+
+def test_echo_prepends_the_prompt_plain_and_streamed(oai, reference):
+    text, _ = reference.generate("Hello world", 5)
+    out = oai.completions.create(model="any", prompt="Hello world", max_tokens=5, temperature=0, echo=True)
+    assert out.choices[0].text == "Hello world" + text
+    ids = reference.tokenizer.encode("The quick")
+    stream = oai.completions.create(model="any", prompt=ids, max_tokens=5, temperature=0, echo=True,
+                                    stream=True)
+    echoed = reference.tokenizer.decode(ids, skip_special_tokens=False)
+    assert "".join(c.choices[0].text for c in stream) == echoed + reference.generate(ids, 5)[0]
