@@ -185,3 +185,18 @@ def test_echo_prepends_the_prompt_plain_and_streamed(oai, reference):
                                     stream=True)
     echoed = reference.tokenizer.decode(ids, skip_special_tokens=False)
     assert "".join(c.choices[0].text for c in stream) == echoed + reference.generate(ids, 5)[0]
+
+
+def test_streamed_choices_are_told_apart_by_index(oai, reference, model_dir):
+    stream = oai.chat.completions.create(model="any", messages=MESSAGES, n=3, max_tokens=6, temperature=0,
+                                         stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks
+                        if c.choices and c.choices[0].index == i) for i in range(3)}
+    prompt = chat_ids(reference, model_dir, MESSAGES)
+    text, ids = reference.generate(prompt, 6)
+    assert texts == {0: text, 1: text, 2: text}
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 3
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == len(prompt) and usage.completion_tokens == 3 * len(ids)
