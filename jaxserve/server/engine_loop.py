@@ -243,14 +243,15 @@ class EngineLoop:
 
     def _take_snapshot(self, engine: Engine) -> None:
         """Publish the state control-plane reads see (one dict, replaced whole: readers on other threads
-        never see a half-built one). The ownership proof runs only while nothing is live and only when
-        something happened since the last one; otherwise the last proof's fields are absent."""
+        never see a half-built one). The ownership proof runs whenever nothing is running or queued (a step
+        in flight then holds no KV) and something happened since the last proof; while requests are live,
+        the proof's fields are absent."""
         usage = kv_usage(engine)
         num_running, num_waiting = len(engine.scheduler.running), len(engine.scheduler.waiting)
         self.metrics.on_step(usage, num_running, num_waiting)
         memory = {**usage.as_dict(), "num_running": num_running, "num_waiting": num_waiting}
         previous = self.snapshot.get("memory", {})
-        if num_running == num_waiting == 0 and engine.idle:
+        if num_running == num_waiting == 0:  # (a step may still be in flight: its requests hold no KV now)
             if self._memory_stale or "checked" not in previous:
                 memory.update(engine.check_memory(), checked=True)
                 self._memory_stale = False
