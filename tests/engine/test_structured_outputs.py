@@ -88,8 +88,14 @@ def test_bad_grammar_is_refused_and_nothing_is_queued(engine):
         off.submit("x", sampling_params={"regex": "a+"})
 
 
+@pytest.fixture(scope="module")
+def spec_engine():
+    return Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
+                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **FLAGS)
+
+
 @pytest.mark.slow
-def test_greedy_constrained_outputs_equal_with_and_without_eagle3(engine):
+def test_greedy_constrained_outputs_equal_with_and_without_eagle3(engine, spec_engine):
     schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{0,8}$"},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -98,8 +104,17 @@ def test_greedy_constrained_outputs_equal_with_and_without_eagle3(engine):
               {"temperature": 0, "max_new_tokens": 24}]  # unconstrained: drafts still accepted
     prompts = ["Hello", "The quick brown fox", "def main():"]
     plain = [o["output_ids"] for o in engine.generate(prompts, params)]
-    spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
-                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **FLAGS)
-    outs = spec.generate(prompts, params)
+    outs = spec_engine.generate(prompts, params)
     assert [o["output_ids"] for o in outs] == plain
     assert outs[2]["meta_info"]["spec_accept_length"] > 1.0
+
+
+@pytest.mark.slow
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(schemas=st.lists(SCHEMAS, min_size=8, max_size=8))
+def test_greedy_outputs_under_random_schemas_equal_with_and_without_eagle3(engine, spec_engine, schemas):
+    params = [{"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": 200} for s in schemas]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(schemas))]
+    plain = engine.generate(prompts, params)
+    spec = spec_engine.generate(prompts, params)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
