@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxserve.engine import prompt_logprobs
 from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import (
     EngineBusyError,
@@ -130,6 +131,9 @@ class Engine:
                 raise InvalidRequestError(f"request {index}: constrained decoding with EAGLE tree drafting "
                                           f"(speculative_eagle_topk > 1) is not supported; use a chain")
             self.grammar.compile(*params.grammar)  # a bad grammar is a 400 here, before anything is queued
+        if params.prompt_logprobs and self.spec is not None:
+            raise InvalidRequestError(f"request {index}: prompt logprobs are not computed under speculative "
+                                      f"decoding yet")
         return ids, params
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:
@@ -193,8 +197,11 @@ class Engine:
         if batch:
             prev_rows = {} if inflight is None else {
                 s.req: row for row, s in enumerate(inflight[0]) if s.samples}
-            out = self.runner.run(build_step_input(batch, self.kv, self.buckets, prev_rows))
-            self._inflight = (batch, out)
+            inp = build_step_input(batch, self.kv, self.buckets, prev_rows)
+            next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
+            out, prompt = (self.runner.run(inp), None) if next_ids is None else \
+                self.runner.run_with_prompt_logprobs(inp, next_ids)
+            self._inflight = (batch, out, prompt)
             self.stats["steps"] += 1
             self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
         if (self.args.disable_overlap_schedule or constrained) and batch:  # apply now (none else in flight)
@@ -206,6 +213,8 @@ class Engine:
         token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
         wants_top = any(s.req.params.top_logprobs_num for s in inflight[0])
         top = (np.asarray(out.top_ids), np.asarray(out.top_logprobs)) if wants_top else None
+        if inflight[2] is not None:
+            prompt_logprobs.record(inflight[0], *(np.asarray(x) for x in inflight[2]))
         t2 = time.perf_counter()
         finished = self.scheduler.process(inflight[0], token_ids, logprobs, top)
         self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)

@@ -48,6 +48,10 @@ class Request:
     penalty_row: int | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)  # per output token
+    # params.prompt_logprobs: per prompt position, the token's logprob given the ones before (NaN at 0 and
+    # until computed) and its top (ids, logprobs); written by `prompt_logprobs.record`
+    prompt_logprobs: np.ndarray | None = None
+    prompt_top_logprobs: list[tuple[list[int], list[float]]] | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     finish_time: float | None = None
     spec_accept_lengths: list[int] | None = None  # speculative decoding: drafts accepted per verify round
@@ -121,6 +125,11 @@ class Request:
             info["output_token_logprobs"] = list(zip(self.logprobs, self.stop.output_ids, strict=True))
         if self.params.top_logprobs_num:
             info["output_top_logprobs"] = [list(zip(lps, ids, strict=True)) for ids, lps in self.top_logprobs]
+        if self.prompt_logprobs is not None:
+            lps = [None if np.isnan(v) else float(v) for v in self.prompt_logprobs]
+            info["input_token_logprobs"] = list(zip(lps, self.prompt_ids.tolist(), strict=True))
+            info["input_top_logprobs"] = [list(zip(t_lps, ids, strict=True))
+                                          for ids, t_lps in self.prompt_top_logprobs]
         return info
 
 
@@ -139,5 +148,9 @@ def make_request(rid: str, prompt_ids: np.ndarray, params: SamplingParams, *, tr
     """A fresh WAITING request (validated elsewhere: see `Engine.submit`). `tree_root`: the prefix tree's
     root (`kv.tree.root`); `detokenize(ids) -> str` for text and stop strings (None: no text)."""
     stop = StopChecker(params, eos_token_ids, detokenize or (lambda ids: ""))
-    return Request(rid, np.asarray(prompt_ids, np.int32), params, seed, params.max_new_tokens, stop,
-                   CachedReq(tree_root))
+    req = Request(rid, np.asarray(prompt_ids, np.int32), params, seed, params.max_new_tokens, stop,
+                  CachedReq(tree_root))
+    if params.prompt_logprobs:
+        req.prompt_logprobs = np.full(req.prompt_ids.shape[0], np.nan, np.float32)
+        req.prompt_top_logprobs = [([], []) for _ in range(req.prompt_ids.shape[0])]
+    return req

@@ -23,23 +23,33 @@ from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.step_input import Buckets, StepInput, padding_step_input
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import PenaltyPool, SampleOutput, new_penalty_pool, sample, update_counts
+from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
 
 
 @functools.lru_cache(maxsize=8)
-def _make_step(graphdef, max_seqs: int):
+def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False):
     """The jitted step for one model graph; cached so that engines over the same model share executables.
     `prev_tokens` i32[max_seqs] are the previous step's sampled ids (padded), the source of pending tokens;
-    the step returns its own ids padded the same way for the next step."""
+    the step returns its own ids padded the same way for the next step. `prompt_logprobs`: the variant that
+    computes logits at every position and also returns, for `next_ids i32[T]`, each token's raw logprob of
+    its next id and the top ones (see `engine.prompt_logprobs`)."""
 
     @functools.partial(jax.jit, donate_argnames=("kv_pools", "penalties"))
-    def step(params, kv_pools, penalties: PenaltyPool, prev_tokens: jax.Array, inp: StepInput):
+    def step(params, kv_pools, penalties: PenaltyPool, prev_tokens: jax.Array, inp: StepInput, next_ids=None):
         model = nnx.merge(graphdef, params)
         input_ids = jnp.where(inp.prev_rows >= 0, prev_tokens[jnp.maximum(inp.prev_rows, 0)], inp.input_ids)
-        logits, kv_pools, _ = model(input_ids, inp.meta, kv_pools)
+        logits, kv_pools, _ = model(input_ids, inp.meta, kv_pools, return_all_logits=prompt_logprobs)
+        every = logits
+        if prompt_logprobs:
+            logits = every[inp.meta.sample_idx]
         out = sample(logits, inp.sampling, penalties)
         penalties = update_counts(penalties, inp.sampling.penalty_rows, out.token_ids)
         next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
-        return kv_pools, penalties, next_tokens, out
+        if not prompt_logprobs:
+            return kv_pools, penalties, next_tokens, out
+        logp = jax.nn.log_softmax(every.astype(jnp.float32), axis=-1)
+        top = top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32))
+        return kv_pools, penalties, next_tokens, (out, (token_logprobs(logp, next_ids), *top))
 
     return step
 
@@ -62,6 +72,7 @@ class ModelRunner:
         self.penalties = new_penalty_pool(num_penalty_rows, self.vocab_size)
         max_seqs = max(buckets.seqs)
         self._step = _make_step(graphdef, max_seqs)
+        self._prompt_step = _make_step(graphdef, max_seqs, prompt_logprobs=True)
         self._last_tokens = jnp.zeros(max_seqs, jnp.int32)
 
     def run(self, inp: StepInput) -> SampleOutput:
@@ -70,6 +81,13 @@ class ModelRunner:
         self.kv.pools, self.penalties, self._last_tokens, out = self._step(
             self.params, self.kv.pools, self.penalties, self._last_tokens, inp)
         return out
+
+    def run_with_prompt_logprobs(self, inp: StepInput, next_ids: np.ndarray) -> tuple[SampleOutput, tuple]:
+        """`run` on the all-positions variant: also (logprobs f32[T] of `next_ids`, top ids i32[T, K], top
+        logprobs f32[T, K]) as device arrays (see `engine.prompt_logprobs`)."""
+        self.kv.pools, self.penalties, self._last_tokens, (out, prompt) = self._prompt_step(
+            self.params, self.kv.pools, self.penalties, self._last_tokens, inp, next_ids)
+        return out, prompt
 
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
         """Give penalty row `row` to a request: prompt tokens marked, output tokens counted (also after a
@@ -81,8 +99,9 @@ class ModelRunner:
 
     @property
     def num_compiles(self) -> int:
-        """Distinct executables of the step so far (one per bucket shape used)."""
-        return self._step._cache_size()
+        """Distinct executables of the step so far (one per bucket shape used, and per shape used by a
+        step with prompt logprobs)."""
+        return self._step._cache_size() + self._prompt_step._cache_size()
 
     def warmup(self, *, progress: bool = True) -> int:
         """Compile every bucket shape (seqs <= tokens) with all-padding inputs (they write only the reserved

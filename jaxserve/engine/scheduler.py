@@ -136,7 +136,9 @@ class Scheduler:
     def _admit(self, req: Request, budget: int) -> ScheduledSeq | None:
         """Match + lock the cached prefix and allocate the first chunk; None (nothing held) if short."""
         fill = req.fill_ids()
-        prefix = self.kv.tree.admit(req.cached, fill)
+        # prompt logprobs need every prompt position computed: no prefix reuse the first time
+        fresh = req.params.prompt_logprobs and req.num_retractions == 0
+        prefix = self.kv.tree.admit(req.cached, fill[:1] if fresh else fill)
         num_tokens = min(fill.shape[0] - prefix, budget)
         if not self.kv.extend(req.cached, prefix, prefix + num_tokens):
             self.kv.tree.release_req(req.cached)

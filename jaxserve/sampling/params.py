@@ -114,6 +114,8 @@ class SamplingParams:
     logit_bias: {token id: bias in [-100, 100]} added to the logits before penalties (at most 64 entries).
     return_logprob: record each output token's log-probability; top_logprobs_num (0..20): also the most
     likely tokens at each step. Both are of the model's raw distribution (see `SampleOutput`).
+    prompt_logprobs: also each prompt token's logprob given the tokens before it (and its top ones); the
+    prompt is then computed whole (no prefix-cache reuse at first admission).
     json_schema / regex / ebnf: constrain the output to a grammar (at most one; see `grammar`).
     """
 
@@ -131,6 +133,7 @@ class SamplingParams:
     seed: int | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    prompt_logprobs: bool = False
     n: int = 1
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] | Mapping[str, float] | None = None
@@ -169,7 +172,7 @@ class SamplingParams:
         _check_int("n", self.n)
         if self.n != 1:
             raise _fail("n", self.n, "1 (parallel sampling is not supported; send n separate requests)")
-        for name in ("ignore_eos", "return_logprob", "skip_special_tokens"):
+        for name in ("ignore_eos", "return_logprob", "prompt_logprobs", "skip_special_tokens"):
             _check_bool(name, getattr(self, name))
         _check_int("top_logprobs_num", self.top_logprobs_num)
         if not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:

@@ -3,7 +3,8 @@ per output token; `output_top_logprobs`: per token a list of (logprob, id), best
 
 Chat: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}`.
 Completions: `{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}`.
-A token's text is its id decoded alone with special tokens kept; `bytes` are that text's UTF-8 bytes.
+A token's text is its id decoded alone with special tokens kept; `bytes` are that text's UTF-8 bytes. With
+`echo`, completions list the prompt's tokens first (`input_token_logprobs`, the first one's logprob null).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ def entries(meta: dict, start: int, stop: int | None = None) -> list[tuple[float
     tops = meta.get("output_top_logprobs")
     tops = tops[start:stop] if tops is not None else [[] for _ in tokens]
     return [(lp, tid, top) for (lp, tid), top in zip(tokens, tops, strict=True)]
+
+
+def prompt_entries(meta: dict) -> list[tuple[float | None, int, list]]:
+    """(logprob, id, top) of every prompt token (`input_token_logprobs`; the first one's logprob is None)."""
+    pairs = zip(meta["input_token_logprobs"], meta["input_top_logprobs"], strict=True)
+    return [(lp, tid, top) for (lp, tid), top in pairs]
 
 
 def chat_logprobs(items: list[tuple[float, int, list]], text_of: TokenText) -> dict:
@@ -38,5 +45,6 @@ def completion_logprobs(items: list[tuple[float, int, list]], text_of: TokenText
         tokens.append(text_of(tid))
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": [lp for lp, _, _ in items],
-            "top_logprobs": [{text_of(t): tlp for tlp, t in top} for _, _, top in items],
+            "top_logprobs": [None if lp is None else {text_of(t): tlp for tlp, t in top}
+                             for lp, _, top in items],
             "text_offset": offsets}

@@ -181,8 +181,8 @@ class _OpenAISampling(_Strict):
 class CompletionRequest(_OpenAISampling):
     """`/v1/completions`: one prompt or a list (text or token ids; n choices each, in prompt-major order);
     `max_tokens` defaults to 16 as in OpenAI. `logprobs: k` reports each token's logprob and the k most
-    likely ones; `echo` prepends the prompt to the text (prompt logprobs are not computed: with echo,
-    logprobs is refused)."""
+    likely ones; `echo` prepends the prompt to the text (with `logprobs`, the prompt tokens' logprobs come
+    first: the first token's is null)."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
@@ -198,8 +198,6 @@ class CompletionRequest(_OpenAISampling):
             raise ValueError(f"{len(self.prompts)} prompts x n={self.n} choices; at most {MAX_BATCH}")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported (every choice is returned)")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs (prompt logprobs) is not supported yet")
         return self
 
     @property
@@ -216,6 +214,8 @@ class CompletionRequest(_OpenAISampling):
         params = super().sampling_params(max_new_tokens)
         if self.logprobs is not None:
             params.update(return_logprob=True, top_logprobs_num=self.logprobs)
+            if self.echo:
+                params["prompt_logprobs"] = True
         return params
 
 

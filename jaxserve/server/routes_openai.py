@@ -147,10 +147,14 @@ class _Reply:
             self._texts[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
         return self._texts[token_id]
 
-    def logprobs(self, meta: dict, start: int, stop: int | None, offset: int) -> dict | None:
+    def logprobs(self, meta: dict, start: int, stop: int | None, offset: int, *,
+                 prompt: bool = False) -> dict | None:
+        """Logprobs of output tokens [start, stop), after the prompt's own (`prompt`: echo)."""
         if not self.with_logprobs:
             return None
         items = openai_logprobs.entries(meta, start, stop)
+        if prompt:
+            items = openai_logprobs.prompt_entries(meta) + items
         if self.chat:
             return openai_logprobs.chat_logprobs(items, self.token_text)
         return openai_logprobs.completion_logprobs(items, self.token_text, offset)
@@ -163,7 +167,7 @@ class _Reply:
         for index, event in enumerate(events):
             meta, reason = event.meta_info, _finish_reason(event.meta_info)
             echo = self.echoes[index]
-            logprobs = self.logprobs(meta, 0, None, len(echo))
+            logprobs = self.logprobs(meta, 0, None, 0, prompt=bool(echo))
             if self.parse is not None:
                 parsed = self.parse(event.text, finished=True)
                 reason = "tool_calls" if parsed.tool_calls else reason
@@ -194,13 +198,20 @@ class _Reply:
         shown = [harmony.Parsed() for _ in handles]  # with a parser: what was sent of it
         offsets = [len(e) for e in self.echoes]
         finals: list[dict | None] = [None] * len(handles)
+        # with logprobs, an echo waits for the prompt's logprobs (they come with the first event)
+        held_echoes = {i for i, e in enumerate(self.echoes) if e and self.with_logprobs}
         for index in range(len(handles)):
             if self.chat:
                 yield self._chunk(index, None, None, None, role=True)
-            elif self.echoes[index]:
+            elif self.echoes[index] and index not in held_echoes:
                 yield self._chunk(index, self.echoes[index], None, None)
         async for index, event in parallel.merge(self.state.loop, handles):
             event: Event
+            if index in held_echoes:
+                held_echoes.discard(index)
+                prompt = openai_logprobs.completion_logprobs(openai_logprobs.prompt_entries(event.meta_info),
+                                                             self.token_text, 0)
+                yield self._chunk(index, self.echoes[index], None, prompt)
             num_ids = event.meta_info["completion_tokens"]
             if not (event.delta_text or event.finished or (self.with_logprobs and num_ids > sent[index])):
                 continue

@@ -18,7 +18,6 @@ BAD = [
     ({"prompt": ["a"] * 65, "n": 4}, "at most 256"),
     ({"prompt": []}, "empty"),
     ({"prompt": "x", "suffix": "y"}, "unknown field 'suffix'"),  # changes the output: still refused
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "prompt logprobs"),
     ({"prompt": "x", "logit_bias": {"1": 200}}, "[-100, 100]"),
     ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
@@ -200,3 +199,24 @@ def test_streamed_choices_are_told_apart_by_index(oai, reference, model_dir):
     assert len(finals) == 3
     usage = chunks[-1].usage
     assert usage.prompt_tokens == len(prompt) and usage.completion_tokens == 3 * len(ids)
+
+
+def test_echo_with_logprobs_gives_the_prompts_logprobs(oai, reference, hf_model):
+    """Prompt logprobs come from the prefill's own logits, also for a prompt the cache already holds."""
+    prompt = "The quick brown fox jumps over the lazy dog"
+    oai.completions.create(model="any", prompt=prompt, max_tokens=2, temperature=0)  # now cached
+    out = oai.completions.create(model="any", prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                 logprobs=2)
+    lp = out.choices[0].logprobs
+    ids = reference.tokenizer.encode(prompt)
+    _, output_ids = reference.generate(prompt, 3)
+    ref = hf_log_softmax(hf_model, ids + output_ids[:-1])
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    every = ids + output_ids
+    np.testing.assert_allclose(lp.token_logprobs[1:], ref[np.arange(len(every) - 1), every[1:]], atol=2e-3)
+    assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+    assert out.choices[0].text.startswith(prompt)
+    stream = list(oai.completions.create(model="any", prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                         logprobs=2, stream=True))
+    streamed = [v for c in stream if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and np.allclose(streamed[1:], lp.token_logprobs[1:], atol=1e-5)

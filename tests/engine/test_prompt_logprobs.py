@@ -1,0 +1,61 @@
+"""Prompt logprobs against transformers' full forward: every prompt position, across prefill chunks, for a
+prompt the prefix cache already holds (it is computed again), a retracted request, and the top logprobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxserve.engine.errors import InvalidRequestError
+from tests.engine.conftest import make_engine, prompts
+from tests.models.helpers import hf_logits
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+@pytest.fixture(scope="module")
+def engine(llama):
+    return make_engine(llama[1], page_size=4, chunked_prefill_size=32)
+
+
+def test_prompt_logprobs_equal_a_full_forward_across_chunks_and_a_cached_prefix(llama, engine):
+    p = prompts(31, [90])[0]  # three chunks of at most 32 tokens
+    engine.generate(input_ids=p, sampling_params={"max_new_tokens": 1})  # the tree now holds the prompt
+    out = engine.generate(input_ids=p, sampling_params={"temperature": 0, "max_new_tokens": 2,
+                                                        "prompt_logprobs": True, "top_logprobs_num": 3})
+    meta = out["meta_info"]
+    assert meta["cached_tokens"] == 0
+    ref = _log_softmax(hf_logits(llama[0], p))
+    pairs = meta["input_token_logprobs"]
+    assert pairs[0] == (None, p[0]) and [t for _, t in pairs] == p
+    np.testing.assert_allclose([lp for lp, _ in pairs[1:]], ref[np.arange(89), p[1:]], atol=1e-3)
+    for q in (1, 40, 89):
+        top = meta["input_top_logprobs"][q]
+        assert [t for _, t in top] == np.argsort(-ref[q - 1])[:3].tolist()
+
+
+def test_retracted_request_keeps_its_prompt_logprobs(llama):
+    tiny = make_engine(llama[1], max_total_tokens=96, max_running_requests=4)
+    batch = prompts(32, [20, 25, 18, 30])
+    params = {"temperature": 0, "max_new_tokens": 14, "ignore_eos": True, "prompt_logprobs": True}
+    outs = tiny.generate(input_ids=batch, sampling_params=params)
+    assert tiny.scheduler.num_retractions > 0
+    for p, out in zip(batch, outs, strict=True):
+        ref = _log_softmax(hf_logits(llama[0], p))
+        got = [lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]]
+        np.testing.assert_allclose(got, ref[np.arange(len(p) - 1), p[1:]], atol=1e-3)
+
+
+def test_prompt_logprobs_are_refused_under_speculative_decoding():
+    from jaxserve.assets import EMBEDDED_MODEL_DIR
+    from jaxserve.engine import Engine
+
+    spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3", page_size=16,
+                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), max_total_tokens=1024,
+                  chunked_prefill_size=64, max_running_requests=4)
+    with pytest.raises(InvalidRequestError, match="prompt logprobs"):
+        spec.submit(input_ids=[1, 2, 3], sampling_params={"prompt_logprobs": True})
