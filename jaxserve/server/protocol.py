@@ -31,7 +31,8 @@ class _Strict(BaseModel):
 
 class GenerateRequest(_Strict):
     """SGLang's `/generate`: `text` (a string or a list) or `input_ids` (a list of ids or a list of lists);
-    `sampling_params` (one dict, or one per prompt); `stream` (SSE; single prompt only)."""
+    `sampling_params` (one dict, or one per prompt); `stream` (SSE; single prompt only); `return_logprob`
+    with `top_logprobs_num` and `logprob_start_len` (-1: output tokens only, 0: the prompt's too)."""
 
     text: StrictStr | list[StrictStr] | None = None
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
@@ -39,6 +40,8 @@ class GenerateRequest(_Strict):
     stream: StrictBool = False
     rid: str | None = None  # accepted for SGLang compatibility; the server names requests itself
     return_logprob: StrictBool = False
+    top_logprobs_num: StrictInt = Field(default=0, ge=0, le=20)
+    logprob_start_len: Literal[-1, 0] = -1  # 0: also every prompt token's logprob (input_token_logprobs)
     image_data: None = None  # SGLang clients send null; images are not supported
 
     @model_validator(mode="after")
@@ -94,7 +97,11 @@ class GenerateRequest(_Strict):
             [self.sampling_params or {}] * num
         # null means "not set" (SGLang clients send e.g. "json_schema": null)
         params = [{k: v for k, v in p.items() if v is not None and k != "n"} for p in params]
-        return [{**p, "return_logprob": True} if self.return_logprob else p for p in params]
+        if not self.return_logprob:
+            return params
+        extra = {"return_logprob": True, "top_logprobs_num": self.top_logprobs_num,
+                 **({"prompt_logprobs": True} if self.logprob_start_len == 0 else {})}
+        return [{**p, **extra} for p in params]
 
 
 class StreamOptions(_Strict):

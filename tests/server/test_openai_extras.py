@@ -220,3 +220,21 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(oai, reference, hf_model)
                                          logprobs=2, stream=True))
     streamed = [v for c in stream if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
     assert streamed[0] is None and np.allclose(streamed[1:], lp.token_logprobs[1:], atol=1e-5)
+
+
+def test_generate_reports_sglang_logprob_fields(client, reference, hf_model):
+    ids = reference.tokenizer.encode("Hello world, hello")
+    r = client.post("/generate", json={"input_ids": ids, "return_logprob": True, "top_logprobs_num": 2,
+                                       "logprob_start_len": 0,
+                                       "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    meta = r.json()["meta_info"]
+    out = r.json()["output_ids"]
+    ref = hf_log_softmax(hf_model, ids + out[:-1])
+    assert meta["input_token_logprobs"][0][0] is None
+    np.testing.assert_allclose([lp for lp, _ in meta["input_token_logprobs"][1:]],
+                               ref[np.arange(len(ids) - 1), ids[1:]], atol=2e-3)
+    np.testing.assert_allclose([lp for lp, _ in meta["output_token_logprobs"]],
+                               ref[np.arange(len(ids) - 1, len(ids) + 2), out], atol=2e-3)
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    bad = client.post("/generate", json={"input_ids": ids, "return_logprob": True, "logprob_start_len": 3})
+    assert bad.status_code == 400 and "logprob_start_len" in bad.json()["message"]
