@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
+from jaxserve.layers.backends import AUTO, DEFAULT_BACKEND, get_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,9 +29,9 @@ class ServerArgs:
     stops on EOS / a stop string then computes one wasted token. random_seed: base of the seeds given to
     requests without one. warmup: compile every bucket shape at
     start-up (tqdm progress bar). skip_tokenizer_init: input_ids only, no text. attention_backend: a name
-    registered in `jaxserve.layers.backends` (default `native`, the reference; `xla` walks only the real
-    context), used for the models the engine loads from `model_path` (a model passed in keeps the backend
-    it was built with).
+    registered in `jaxserve.layers.backends`, or `auto` (default: the platform's best - the Pallas kernel on
+    a TPU or GPU, `native` on a CPU; `xla` walks only the real context), used for the models the engine
+    loads from `model_path` (a model passed in keeps the backend it was built with).
     speculative_algorithm: None, or "EAGLE3" (speculative decoding with an EAGLE-3 draft head, see
     `jaxserve.speculative.worker`; the overlap schedule is off on that path). speculative_draft_model_path:
     the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the
@@ -86,7 +86,8 @@ class ServerArgs:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
         if self.speculative_algorithm is not None:
             self._check_speculative()
-        get_backend(self.attention_backend)  # ValueError listing the registered names
+        if self.attention_backend != AUTO:  # auto resolves when a model first attends (platform known)
+            get_backend(self.attention_backend)  # ValueError listing the registered names
         if self.grammar_backend not in ("llguidance", "none"):
             raise ValueError(f"grammar_backend={self.grammar_backend!r}; choose llguidance or none")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -206,7 +206,7 @@ def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:
             continue
         if name == "dtype":
             value = _DTYPE_ALIASES.get(value, value)
-        if name == "attention_backend" and value not in registered_backends():
+        if name == "attention_backend" and value not in (*registered_backends(), "auto"):
             raise UnsupportedFlagError(f"--attention-backend {value}: not a jaxserve backend (registered: "
                                        f"{', '.join(registered_backends())}); parse_launch_args maps "
                                        f"SGLang's names onto these")

@@ -1,21 +1,32 @@
-"""`native` is the engine's default attention backend (see `jaxserve.layers.backends` for why `xla` is not
-yet), and greedy outputs of the embedded model are the same under `xla` and `native` (both in this run:
-long prompts past the sliding window, chunked prefill, batched decodes)."""
+"""The engine's default attention backend is `auto`: the Pallas kernel of a TPU or GPU, `native` on a CPU
+(see `jaxserve.layers.backends` for why `xla` is not yet), and greedy outputs of the embedded model are the
+same under `xla` and `native` (both in this run: long prompts past the sliding window, chunked prefill,
+batched decodes)."""
 
 import pytest
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.engine import Engine
 from jaxserve.engine.config import ServerArgs
-from jaxserve.layers.backends import DEFAULT_BACKEND
+from jaxserve.layers.backends import (
+    DEFAULT_BACKEND,
+    get_backend,
+    native,
+    platform_default,
+    resolve_backend_name,
+)
 from tests.engine.conftest import prompts
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 
 
 def test_the_default_backend_and_unknown_names_fail():
-    assert DEFAULT_BACKEND == "native"
-    assert ServerArgs().attention_backend == "native"
+    assert DEFAULT_BACKEND == "auto"
+    assert ServerArgs().attention_backend == "auto"
+    assert [platform_default(p) for p in ("tpu", "gpu", "cpu", "npu")] == [
+        "pallas_tpu", "pallas_gpu", "native", "native"]
+    assert resolve_backend_name("xla", "tpu") == "xla"  # a named backend is never replaced
+    assert get_backend("auto") is native.paged_attention  # this process runs on a CPU
     with pytest.raises(ValueError, match=r"unknown attention backend 'flashinfer'.*native.*xla"):
         ServerArgs(attention_backend="flashinfer")
 
@@ -30,7 +41,7 @@ def _engine(backend: str | None) -> Engine:
 def test_embedded_greedy_outputs_are_the_same_under_xla_and_native():
     batch = prompts(5, [7, 90, 33, 150])  # the window is 32; 90 and 150 span several 64-token chunks
     engines = {name: _engine(name) for name in (None, "xla")}
-    assert engines[None].model.layers[0].attn.cfg.backend == "native"
+    assert resolve_backend_name(engines[None].model.layers[0].attn.cfg.backend) == "native"
     assert engines["xla"].model.layers[0].attn.cfg.backend == "xla"
     outs = {name: [o["output_ids"] for o in e.generate(input_ids=batch, sampling_params=GREEDY)]
             for name, e in engines.items()}

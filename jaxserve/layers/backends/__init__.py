@@ -2,16 +2,23 @@
 
 A backend is a callable with the signature of `native.paged_attention`: it writes the step's K/V into one
 layer of a pool group, then attends every query token over its sequence's cached keys, and returns
-`(out [T, q_heads, head_dim], new_pool)`. Accelerator kernels register themselves with
-`@register_backend("name")`; models pick one by name. `native` is the plain-JAX reference (gathers every
-key index of the page table per token), the test oracle and, for now, `DEFAULT_BACKEND`; `xla` is ragged
-paged attention in plain JAX (work follows the real context), chosen with `attention_backend="xla"`;
-`pallas_tpu` and `pallas_gpu` are the Pallas kernels for TPU and GPU (interpret mode elsewhere).
+`(out [T, q_heads, head_dim], new_pool)`. Kernels register themselves with `@register_backend("name")`;
+models pick one by name:
 
-Why `xla` is not the default yet: a long pytest process (the speculative suite, one process) that runs the
-engine on `xla` dies with a segmentation fault inside JAX's persistent compilation cache while it
-serializes a later, unrelated executable; the same process on `native` passes. Until that is understood,
-the dependable backend is the default.
+- `native`: the plain-JAX reference (gathers every key index of the page table per token), the test oracle;
+- `xla`: ragged paged attention in plain JAX (work follows the real context, not the bucket);
+- `pallas_tpu` / `pallas_gpu`: our Pallas kernels (Mosaic TPU / Triton), for their platform only;
+- `auto` (`DEFAULT_BACKEND`): resolved when a model first calls it, from the platform of JAX's default
+  device: `pallas_tpu` on a TPU, `pallas_gpu` on a GPU, `CPU_DEFAULT` on a CPU. Resolving late keeps
+  importing jaxserve from initialising JAX's backends (multi-host programs must call
+  `jax.distributed.initialize` first).
+
+Why `CPU_DEFAULT` is still `native`, not the faster `xla`: a long pytest process (the speculative suite in
+one process) that runs the engine on `xla` dies with a segmentation fault. The native stack shows libgcc's
+unwinder (`_Unwind_Find_FDE`) faulting while a C++ exception propagates out of `executable.serialize()`
+in JAX's persistent-cache write of a small, unrelated program; disabling XNNPACK does not change it, and the
+two test files around the crash pass on their own. The same run on `native` passes, so the dependable
+backend stays the CPU default until the cause is found.
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ from typing import Any
 AttentionBackend = Callable[..., Any]
 
 _BACKENDS: dict[str, AttentionBackend] = {}
-DEFAULT_BACKEND = "native"
+AUTO = "auto"
+DEFAULT_BACKEND = AUTO
+CPU_DEFAULT = "native"
+_PLATFORM_DEFAULT = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": CPU_DEFAULT}
 
 
 def register_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend]:
@@ -37,8 +47,27 @@ def register_backend(name: str) -> Callable[[AttentionBackend], AttentionBackend
     return wrap
 
 
+def platform_default(platform: str | None = None) -> str:
+    """The backend `auto` means on `platform` ("cpu", "gpu", "tpu"; None: JAX's default device's platform,
+    ROCm and CUDA counting as "gpu"); unknown platforms get the CPU choice."""
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
+        platform = "gpu" if platform in ("cuda", "rocm") else platform
+    return _PLATFORM_DEFAULT.get(platform, CPU_DEFAULT)
+
+
+def resolve_backend_name(name: str, platform: str | None = None) -> str:
+    """`name` itself, or for `auto` the platform's default (`platform_default`)."""
+    return platform_default(platform) if name == AUTO else name
+
+
 def get_backend(name: str) -> AttentionBackend:
-    """Return the backend registered as `name`; ValueError lists the registered names otherwise."""
+    """Return the backend registered as `name` (`auto`: the platform's default); ValueError lists the
+    registered names otherwise."""
+    if name == AUTO:
+        name = platform_default()
     try:
         return _BACKENDS[name]
     except KeyError:
@@ -46,11 +75,13 @@ def get_backend(name: str) -> AttentionBackend:
 
 
 def available_backends() -> list[str]:
+    """The registered backend names (without `auto`, which names one of them)."""
     return sorted(_BACKENDS)
 
 
 # register "native", "xla" and the Pallas kernels "pallas_tpu", "pallas_gpu"
 from jaxserve.layers.backends import native, pallas_gpu, pallas_tpu, xla  # noqa: E402
 
-__all__ = ["DEFAULT_BACKEND", "AttentionBackend", "available_backends", "get_backend", "native",
-           "pallas_gpu", "pallas_tpu", "register_backend", "xla"]
+__all__ = ["AUTO", "CPU_DEFAULT", "DEFAULT_BACKEND", "AttentionBackend", "available_backends", "get_backend",
+           "native", "pallas_gpu", "pallas_tpu", "platform_default", "register_backend",
+           "resolve_backend_name", "xla"]
