@@ -3,10 +3,14 @@ cheap (no JAX import)."""
 
 
 def __getattr__(name: str):
-    if name in ("Engine", "ServerArgs"):
-        from jaxserve import engine
+    if name == "Engine":
+        from jaxserve.api import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "ServerArgs":
+        from jaxserve.engine.config import ServerArgs
+
+        return ServerArgs
     raise AttributeError(f"module 'jaxserve' has no attribute {name!r}")
 
 

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.engine.step_input import Buckets
 from jaxserve.models.build import random_model
 from jaxserve.models.config import ModelConfig

@@ -39,8 +39,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 
 
 def prompts(tokenizer, count: int) -> list[list[int]]:

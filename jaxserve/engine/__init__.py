@@ -1,9 +1,11 @@
 """The serving engine: scheduler (continuous batching, chunked prefill, radix reuse, retraction), model
-runner (one jitted forward + sampling step over donated pools) and the offline `Engine` API.
+runner (one jitted forward + sampling step over donated pools) and the plain stepper. The `Engine` facade
+that joins them with speculative decoding lives one level up, in `jaxserve.api`.
 
 Files: `config` (ServerArgs), `request` (Request, make_request), `kv_cache` (pools + allocator + prefix tree),
 `scheduler` (admission, chunking, eviction, retraction, results), `step_input` (StepInput, buckets),
-`runner` (the jitted step), `engine` (Engine: submit/step/abort/generate/stream), `inputs`, `errors`.
+`runner` (the jitted step), `stepper` (the Stepper protocol and PlainStepper: one step with the overlap
+schedule), `inputs`, `errors`.
 
 Low-level loop for your own Flax NNX model. The model must follow `jaxserve.models.decoder`'s call contract,
 `model(input_ids [T], meta: AttentionMetadata, kv_pools) -> (logits [S, vocab], new_kv_pools, aux)`, and carry
@@ -21,11 +23,11 @@ a `config: ModelConfig` (for the KV layout). Then, in a plain Python loop:
             print(req.rid, req.output_ids)
     kv.check([]); kv.flush()                                         # prove ownership; drop the tree
 
-`Engine` wraps exactly this loop (plus validation, tokenization, streaming and the overlap schedule).
+`PlainStepper` is exactly this loop plus the overlap schedule; `jaxserve.api.Engine` adds validation,
+tokenization and streaming.
 """
 
 from jaxserve.engine.config import ServerArgs
-from jaxserve.engine.engine import Engine
 from jaxserve.engine.errors import (
     EngineBusyError,
     EngineError,
@@ -37,7 +39,6 @@ from jaxserve.engine.errors import (
 )
 
 __all__ = [
-    "Engine",
     "EngineBusyError",
     "EngineError",
     "InvalidRequestError",

@@ -22,10 +22,10 @@ from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.loader.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
 from jaxserve.loader.orbax_params import is_orbax_checkpoint, restore_params
 from jaxserve.loader.safetensors_reader import SafetensorsFile, checkpoint_files
-from jaxserve.loader.weight_spec import ParamPath, WeightSpec
 from jaxserve.models.build import abstract_model
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.decoder import CausalLM
+from jaxserve.models.weight_spec import ParamPath, WeightSpec
 
 ShardingFn = Callable[[ParamPath, tuple[int, ...]], jax.sharding.Sharding | None]
 

@@ -29,10 +29,10 @@ from jaxserve.layers.embedding import Embedding, soft_cap
 from jaxserve.layers.mlp import GatedMLP
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
-from jaxserve.loader.weight_spec import WeightSpec
 from jaxserve.memory.kv_pool import KVPool
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.kv_layout import KVLayout, KVPools, group_pool, replace_group, route_layer
+from jaxserve.models.weight_spec import WeightSpec
 
 
 class DecoderLayer(nnx.Module):

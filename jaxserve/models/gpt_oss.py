@@ -5,7 +5,7 @@ The config (Hugging Face `GptOssConfig`) carries `layer_types`, `sliding_window`
 `rope_parameters` (yarn, `truncate: false`), `num_local_experts`, `num_experts_per_tok`, `swiglu_limit`,
 `swiglu_alpha`. Expert weights load from plain tensors (`mlp.experts.gate_up_proj [E, H, 2I]`, ...) or, when
 `quantization_config.quant_method` is `mxfp4` (the Hub checkpoints), from `*_blocks` / `*_scales` pairs,
-dequantized on the host one tensor at a time (`jaxserve.loader.mxfp4`).
+dequantized on the host one tensor at a time (`jaxserve.models.mxfp4`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import functools
 from flax import nnx
 
 from jaxserve.layers.moe import Dispatch, GptOssMoE
-from jaxserve.loader.mxfp4 import dequantize_experts
-from jaxserve.loader.weight_spec import WeightSpec
 from jaxserve.models.config import ConfigError
 from jaxserve.models.decoder import CausalLM
+from jaxserve.models.mxfp4 import dequantize_experts
+from jaxserve.models.weight_spec import WeightSpec
 
 
 def is_mxfp4(raw_config) -> bool:

@@ -8,7 +8,7 @@ Files: `args` (CLI flags with SGLang names, `--config` YAML), `launch` (engine +
 (JAX's persistent compilation cache, per-compile log lines), `server_log` (the operator's log lines),
 `warmup` (`--warmup` with synthetic requests while serving; the first request's programs primed at start).
 
-    from jaxserve.engine import Engine
+    from jaxserve.api import Engine
     from jaxserve.server import create_app
     app = create_app(Engine(model_path="/ckpt"))   # any ASGI server; or: python -m jaxserve.launch_server
 """

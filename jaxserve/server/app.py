@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.server.chat_template import ChatTemplate, chat_template_for
 from jaxserve.server.compile_cache import CompileLog
 from jaxserve.server.engine_loop import EngineLoop

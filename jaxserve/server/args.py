@@ -1,7 +1,7 @@
 """Command-line flags of `python -m jaxserve.launch_server`, with SGLang's names, and `--config` YAML files.
 
 `parse_launch_args(argv)` returns a `LaunchArgs`: the HTTP settings and the keyword arguments for
-`jaxserve.engine.Engine` (fields of `ServerArgs`). Precedence: explicit flags > `--config` file > the
+`jaxserve.api.Engine` (fields of `ServerArgs`). Precedence: explicit flags > `--config` file > the
 engine's defaults. A flag left unset is not passed on, so `ServerArgs` keeps its own default.
 
 Flags that the engine cannot honour yet (tensor parallelism, `--mem-fraction-static`) fail with

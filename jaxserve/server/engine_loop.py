@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.server import server_log
 from jaxserve.server.compile_cache import CompileLog
 from jaxserve.server.errors import APIError

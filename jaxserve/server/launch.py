@@ -71,7 +71,7 @@ def build_engine(args: LaunchArgs):
     """The Engine for `args` (model loaded from disk; `--tokenizer-path` loads the tokenizer separately),
     after `preflight` checked the files (PreflightError, a ValueError, names a broken one). `--warmup` is
     not the engine's here: the server warms up while it serves (`server.warmup`)."""
-    from jaxserve.engine import Engine
+    from jaxserve.api import Engine
 
     model_path, kwargs = resolve_model(args)
     kwargs.pop("warmup", None)

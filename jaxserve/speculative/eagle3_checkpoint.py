@@ -21,8 +21,8 @@ from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.loader.errors import MissingTensorError
 from jaxserve.loader.load import load_params
 from jaxserve.loader.safetensors_reader import SafetensorsFile, checkpoint_files
-from jaxserve.loader.weight_spec import transpose
 from jaxserve.models.config import ConfigError
+from jaxserve.models.weight_spec import transpose
 from jaxserve.speculative.eagle3_draft import Eagle3Config, Eagle3Draft
 from jaxserve.speculative.vocab_map import check_vocab_map
 

@@ -37,8 +37,8 @@ from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
 from jaxserve.layers.mlp import GatedMLP
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
-from jaxserve.loader.weight_spec import WeightSpec
 from jaxserve.memory.kv_pool import KVPool, make_kv_pool
+from jaxserve.models.weight_spec import WeightSpec
 from jaxserve.speculative.eagle3_config import Eagle3Config, default_aux_layer_ids
 
 __all__ = ["Eagle3Config", "Eagle3Draft", "default_aux_layer_ids", "make_draft_forward", "make_draft_pool",

@@ -23,7 +23,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.loader.weight_spec import identity, transpose
+from jaxserve.models.weight_spec import identity, transpose
 
 SIZE_BUDGET_BYTES = 20 * 1024 * 1024
 EMBEDDED_DIR = EMBEDDED_MODEL_DIR

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.engine.step_input import Buckets
 from jaxserve.loader.load import load_model
 from tests.models.helpers import make_hf_checkpoint

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.engine.step_input import Buckets
 from jaxserve.models.build import random_model
 from jaxserve.models.config import ModelConfig

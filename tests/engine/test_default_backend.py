@@ -5,8 +5,8 @@ batched decodes)."""
 
 import pytest
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 from jaxserve.engine.config import ServerArgs
 from jaxserve.layers.backends import (
     DEFAULT_BACKEND,

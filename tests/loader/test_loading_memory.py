@@ -13,9 +13,9 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxserve.loader.weight_spec import transpose
 from jaxserve.models.build import abstract_model
 from jaxserve.models.config import ModelConfig
+from jaxserve.models.weight_spec import transpose
 
 CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=4000, hidden_size=512,
               intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,

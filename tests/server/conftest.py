@@ -108,7 +108,7 @@ def facts(client) -> dict:
 def reference(model_dir):
     """In-process Engine with the server's settings: `reference.generate(prompt_or_ids, n)` -> greedy
     (text, output_ids)."""
-    from jaxserve.engine import Engine
+    from jaxserve.api import Engine
 
     engine = Engine(model_path=str(model_dir), **ENGINE_FLAGS)
 

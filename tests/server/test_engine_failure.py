@@ -9,7 +9,7 @@ import time
 
 from fastapi.testclient import TestClient
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.server import create_app
 from jaxserve.server.engine_loop import MAX_STEP_FAILURES
 from tests.server.conftest import ENGINE_FLAGS

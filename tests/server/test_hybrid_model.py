@@ -30,7 +30,7 @@ def hybrid(gpt_oss_dir):
 
 
 def test_hybrid_server_matches_engine_and_frees_kv(hybrid, gpt_oss_dir):
-    from jaxserve.engine import Engine
+    from jaxserve.api import Engine
 
     proc, client = hybrid
     engine = Engine(model_path=str(gpt_oss_dir), **FLAGS)

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.server import create_app
 from jaxserve.server.args import parse_launch_args
 from jaxserve.server.launch import banner, with_random_seed

@@ -59,7 +59,7 @@ def radix_off(spec_pair):
 
 @pytest.fixture(scope="module")
 def plain_greedy(spec_pair):
-    from jaxserve.engine import Engine
+    from jaxserve.api import Engine
 
     engine = Engine(model_path=str(spec_pair[0]), **SPEC_FLAGS)
     return lambda prompt, **p: engine.generate(prompt, {"temperature": 0, "max_new_tokens": MAX_NEW, **p})

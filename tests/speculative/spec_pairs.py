@@ -18,7 +18,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.loader.load import load_model
 from jaxserve.speculative.eagle3_draft import Eagle3Config, Eagle3Draft, random_draft
 from tests.engine.conftest import GPT_OSS, small_buckets

@@ -45,8 +45,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 
 PAIR_DIR = Path(os.environ.get("JAXSERVE_SPEC_PAIR_DIR", EMBEDDED_MODEL_DIR))
 

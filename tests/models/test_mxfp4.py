@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxserve.loader.mxfp4 import Mxfp4FormatError, dequantize_blocks, dequantize_experts
+from jaxserve.models.mxfp4 import Mxfp4FormatError, dequantize_blocks, dequantize_experts
 
 
 def _bruteforce_value(code: int, scale: int) -> float:
