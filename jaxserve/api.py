@@ -8,7 +8,9 @@ Low level (a plain Python loop over the same machinery): `rid = engine.submit(in
 `while not engine.idle: for req in engine.step(): ...` (each `step` schedules one ragged batch, runs the
 jitted forward + sampling on device, applies the results and returns the requests that finished);
 `engine.abort(rid)`, `engine.flush_cache()`, `engine.check_memory()`. `engine.kv` (pools, allocator, tree),
-`engine.scheduler` and `engine.runner` are the parts, documented in their modules.
+`engine.scheduler`, `engine.runner` and `engine.stepper` (a `jaxserve.engine.stepper.Stepper`: plain, or
+EAGLE-3 from `jaxserve.speculative`) are the parts, documented in their modules. This module is the facade
+above both packages: `engine/` never imports `speculative/`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from jaxserve.engine import prompt_logprobs
 from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import (
     EngineBusyError,
@@ -39,14 +40,13 @@ from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.loading import eos_token_ids, load_model_and_tokenizer
 from jaxserve.engine.request import Request, Status, make_request
 from jaxserve.engine.runner import ModelRunner
-from jaxserve.engine.scheduler import Scheduler
-from jaxserve.engine.step_input import Buckets, build_step_input
+from jaxserve.engine.step_input import Buckets
+from jaxserve.engine.stepper import PlainStepper, Stepper
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SeedSource
 from jaxserve.sampling.grammar import GrammarBackend
 from jaxserve.speculative.loading import load_draft
-from jaxserve.speculative.schedule import SpecScheduler
-from jaxserve.speculative.worker import EagleWorker
+from jaxserve.speculative.stepper import EagleStepper
 
 
 class Engine:
@@ -87,23 +87,24 @@ class Engine:
         self.buckets.check_covers(max_tokens=args.chunked_prefill_size, max_seqs=args.max_running_requests,
                                   max_pages=max_pages)
         self.runner = ModelRunner(model, self.kv, self.buckets, args.max_running_requests)
-        scheduler_cls = SpecScheduler if speculative else Scheduler
-        self.scheduler = scheduler_cls(self.kv, max_tokens=args.chunked_prefill_size,
-                                       max_running=args.max_running_requests,
-                                       set_penalty_row=self.runner.set_penalty_row)
-        self.spec = EagleWorker(model, draft_model, self.kv, self.scheduler, self.buckets, runner=self.runner,
-                                num_steps=args.speculative_num_steps, topk=args.speculative_eagle_topk,
-                                num_draft_tokens=args.num_draft_tokens,
-                                overlap=not args.disable_overlap_schedule,
-                                context_length=self.context_length) if speculative else None
+        sizes = dict(max_tokens=args.chunked_prefill_size, max_running=args.max_running_requests)
+        overlap = not args.disable_overlap_schedule
+        self.stepper: Stepper
+        if speculative:
+            self.stepper = EagleStepper(model, draft_model, self.kv, self.buckets, runner=self.runner,
+                                        num_steps=args.speculative_num_steps,
+                                        topk=args.speculative_eagle_topk,
+                                        num_draft_tokens=args.num_draft_tokens, overlap=overlap,
+                                        context_length=self.context_length, **sizes)
+        else:
+            self.stepper = PlainStepper(self.kv, self.runner, self.buckets, overlap=overlap, **sizes)
+        self.scheduler = self.stepper.scheduler
         self._seeds = SeedSource(args.random_seed)
         self.grammar: GrammarBackend | None = None  # constrained decoding (json_schema / regex / ebnf)
         if args.grammar_backend == "llguidance" and tokenizer is not None:
             self.grammar = GrammarBackend(tokenizer.to_json(), self.vocab_size, self.eos_token_ids)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self._inflight = None  # (batch, device outputs) of the dispatched step not yet applied
-        self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
         if args.warmup:
             self.runner.warmup()
 
@@ -131,7 +132,7 @@ class Engine:
                 raise InvalidRequestError(f"request {index}: constrained decoding with EAGLE tree drafting "
                                           f"(speculative_eagle_topk > 1) is not supported; use a chain")
             self.grammar.compile(*params.grammar)  # a bad grammar is a 400 here, before anything is queued
-        if params.prompt_logprobs and self.spec is not None:
+        if params.prompt_logprobs and isinstance(self.stepper, EagleStepper):
             raise InvalidRequestError(f"request {index}: prompt logprobs are not computed under speculative "
                                       f"decoding yet")
         return ids, params
@@ -156,8 +157,7 @@ class Engine:
         """Stop a request wherever it is (queued, mid-prefill, mid-decode); its private KV is freed now."""
         req = self.request(rid)
         self.scheduler.abort(req)
-        if self.spec is not None:
-            self.spec.forget(req)
+        self.stepper.forget(req)
 
     def forget(self, rid: str) -> None:
         """Drop a finished or aborted request's record (its output); raises InvalidRequestError if live."""
@@ -174,52 +174,23 @@ class Engine:
     @property
     def idle(self) -> bool:
         """No request queued or running and no step in flight."""
-        return self.scheduler.idle and self._inflight is None and (self.spec is None or
-                                                                   self.spec.inflight is None)
+        return self.stepper.idle
+
+    @property
+    def stats(self) -> dict:
+        """The stepper's counters (`steps` dispatched, and per-stepper timings or speculative counts)."""
+        return self.stepper.stats
+
+    @property
+    def num_compiles(self) -> dict[str, int]:
+        """Executables compiled so far, per jitted program of the stepper."""
+        return self.stepper.num_compiles
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[Request]:
-        """Schedule and dispatch one step, then apply the results of the step before it (overlap schedule)
-        or of this one (`disable_overlap_schedule`). Returns the requests that finished ([] when idle).
-
-        Overlap: step t+1 is built while step t runs; tokens step t sampled reach step t+1 on device. The
-        host reads step t's ids only after dispatching t+1, so the device never waits for the host. While a
-        request with a grammar runs, steps are applied as they are dispatched (its next mask needs its last
-        token on the host): a step in flight is applied first, on its own."""
-        if self.spec is not None:  # a speculative step reads its verdict before returning (no overlap)
-            finished = self.spec.step()
-            self.stats["steps"] += 1
-            return finished
-        t0 = time.perf_counter()
-        constrained = any(r.grammar is not None for r in self.scheduler.running)
-        batch = [] if constrained and self._inflight is not None else self.scheduler.schedule()
-        inflight, self._inflight = self._inflight, None
-        if batch:
-            prev_rows = {} if inflight is None else {
-                s.req: row for row, s in enumerate(inflight[0]) if s.samples}
-            inp = build_step_input(batch, self.kv, self.buckets, prev_rows)
-            next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
-            out, prompt = (self.runner.run(inp), None) if next_ids is None else \
-                self.runner.run_with_prompt_logprobs(inp, next_ids)
-            self._inflight = (batch, out, prompt)
-            self.stats["steps"] += 1
-            self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
-        if (self.args.disable_overlap_schedule or constrained) and batch:  # apply now (none else in flight)
-            inflight, self._inflight = self._inflight, None
-        if inflight is None:
-            return []
-        t1 = time.perf_counter()
-        out = inflight[1]
-        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
-        wants_top = any(s.req.params.top_logprobs_num for s in inflight[0])
-        top = (np.asarray(out.top_ids), np.asarray(out.top_logprobs)) if wants_top else None
-        if inflight[2] is not None:
-            prompt_logprobs.record(inflight[0], *(np.asarray(x) for x in inflight[2]))
-        t2 = time.perf_counter()
-        finished = self.scheduler.process(inflight[0], token_ids, logprobs, top)
-        self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)
-        self.stats["device_wait_s"] += t2 - t1
-        return finished
+        """One step of the stepper: schedule, dispatch and apply results (the plain stepper applies the
+        previous step's under the overlap schedule). Returns the requests that finished ([] when idle)."""
+        return self.stepper.step()
 
     def run_until_idle(self) -> None:
         while not self.idle:

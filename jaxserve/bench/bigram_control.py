@@ -128,7 +128,7 @@ def run_families(engine: Engine, prompts, junk: list[int], greedy, new_tokens: i
     from cache.keys import RadixKey
 
     engine.flush_cache()
-    engine.spec.record_draft_top1()
+    engine.stepper.record_draft_top1()
     for k in range(1, max(len(p) for p in prompts)):
         batch = [p[:k] + junk for p in prompts if k < len(p)]
         engine.generate(input_ids=batch, sampling_params={**GREEDY, "max_new_tokens": 3})
@@ -137,7 +137,7 @@ def run_families(engine: Engine, prompts, junk: list[int], greedy, new_tokens: i
     for p, target in zip(prompts, greedy, strict=True):
         slots, _ = tree.match_prefix(RadixKey.of(p[:-1], bigram=tree.eagle))
         slots = np.asarray(slots[: len(p) - 2])  # the draft at i predicts token i + 2
-        hits.append(int((engine.spec.slot_top1[slots] == target[1: len(slots) + 1]).sum()))
+        hits.append(int((engine.stepper.slot_top1[slots] == target[1: len(slots) + 1]).sum()))
         positions.append(len(slots))
     outs = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": new_tokens,
                                                                 "ignore_eos": True})

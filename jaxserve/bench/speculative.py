@@ -13,7 +13,7 @@ Each engine runs the batch once untimed (compiles its shapes). Then `--repeats` 
 each from an empty prefix cache after a `gc.collect()`, alternating the engines in ABBA order (plain, spec,
 spec, plain, ...) so drift and order effects (caches, clocks, other load) hit both alike. Every XLA
 compilation in the process is counted (`jax.monitoring`'s backend-compile event) together with the
-engines' own compile counters (`ModelRunner.num_compiles`, `EagleWorker.num_compiles`); a compilation
+engines' own compile counters (`Engine.num_compiles`: every program of its stepper); a compilation
 during a timed pass means that pass timed a compile: it is reported (`compiles_during_timing`) and warned
 about on stderr.
 Reported per batch size (one JSON line each, then a table): output tokens/s of both from the median wall
@@ -76,11 +76,8 @@ class CompileCounter:
 
 
 def engine_compiles(engine: Engine) -> int:
-    """The engine's own executables: the step's bucket shapes plus the speculative worker's."""
-    total = engine.runner.num_compiles
-    if engine.spec is not None:
-        total += sum(engine.spec.num_compiles.values())
-    return total
+    """The engine's own executables: every jitted program of its stepper, all bucket shapes."""
+    return sum(engine.num_compiles.values())
 
 
 def timed_pass(engine: Engine, batch, params: dict, counter: CompileCounter) -> tuple[float, list[dict], int]:

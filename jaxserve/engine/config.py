@@ -33,7 +33,7 @@ class ServerArgs:
     a TPU or GPU, `native` on a CPU; `xla` walks only the real context), used for the models the engine
     loads from `model_path` (a model passed in keeps the backend it was built with).
     speculative_algorithm: None, or "EAGLE3" (speculative decoding with an EAGLE-3 draft head, see
-    `jaxserve.speculative.worker`; the overlap schedule is off on that path). speculative_draft_model_path:
+    `jaxserve.speculative.stepper`). speculative_draft_model_path:
     the head's checkpoint directory (SpecForge layout). speculative_num_steps: draft steps per round (the
     chain length). speculative_eagle_topk: branches per draft step (1 = chain). speculative_num_draft_tokens:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).

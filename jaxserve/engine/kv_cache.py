@@ -10,8 +10,9 @@ free (allocator), in the tree, or private to one live request (`CachedReq.kv_slo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -76,9 +77,41 @@ class KVCache:
         return min(self.num_pages, swa_pages) * self.page_size
 
     # ------------------------------------------------------------------ allocation
-    def _make_room(self, num_slots: int) -> None:
-        """Evict least-recently-used unlocked tree nodes until `num_slots` slots are free (or nothing is
-        evictable)."""
+    def reserve(self, num_slots: int) -> bool:
+        """Evict least-recently-used unlocked tree nodes until `num_slots` slots are free (or nothing more is
+        evictable). Takes nothing: returns whether `num_slots` slots are free now."""
+        self._evict_for(num_slots)
+        return self.available_slots() >= num_slots
+
+    def shrink(self, req: CachedReq, num_tokens: int) -> None:
+        """Keep `req`'s slots for positions `[0, num_tokens)`; the whole pages past
+        `ceil(num_tokens / page_size)` go back to the allocator now. Slots past `num_tokens` inside the kept
+        last page stay the request's own (a later `extend` continues them)."""
+        slots = req.kv_slots
+        tail = slots[self.pages_for(num_tokens) * self.page_size:]
+        if tail.shape[0]:
+            self.allocator.free(tail)
+        req.kv_slots = slots[:num_tokens]
+
+    @contextlib.contextmanager
+    def borrow(self, spans: list[tuple[CachedReq, int, int]]) -> Iterator[None]:
+        """Lend each request slots for `[start, stop)` (as `extend_many`) for the body of the `with`, then
+        take them back all at once by restoring the allocator's state from before (O(1), no per-slot frees)
+        and cutting the requests' slots back to `start`. The body may read the slots (build step metadata)
+        but must not allocate or free; a step dispatched with them must use them before any later step
+        that reuses them (device order guarantees it for steps dispatched in order). Raises RuntimeError
+        if the pool cannot lend them (callers `reserve` first)."""
+        backup = self.allocator.state
+        if not self.extend_many(spans):
+            raise RuntimeError("scratch allocation failed after room was made (a bug)")
+        try:
+            yield
+        finally:
+            for req, start, _ in spans:
+                req.kv_slots = req.kv_slots[:start]
+            self.allocator.state = backup
+
+    def _evict_for(self, num_slots: int) -> None:
         if self.hybrid:
             full_short = num_slots - self.allocator.full_available_size()
             swa_short = num_slots - self.allocator.swa_available_size()
@@ -101,7 +134,7 @@ class KVCache:
             slots = np.arange(last_loc + 1, last_loc + 1 + stop - start, dtype=req.kv_slots.dtype)
             req.kv_slots = np.concatenate([req.kv_slots, slots])
             return True
-        self._make_room(new_pages * self.page_size)
+        self._evict_for(new_pages * self.page_size)
         last_loc = int(req.kv_slots[start - 1]) if start else 0
         slots = self.allocator.alloc_extend(np.array([start]), np.array([stop]), np.array([last_loc]))
         if slots is None:
@@ -120,7 +153,7 @@ class KVCache:
             else:
                 inside.append(span)
         if paged:
-            self._make_room(new_pages * self.page_size)
+            self._evict_for(new_pages * self.page_size)
             last = [int(r.kv_slots[a - 1]) if a else 0 for r, a, _ in paged]
             slots = self.allocator.alloc_extend(np.array([a for _, a, _ in paged]),
                                                 np.array([b for _, _, b in paged]), np.array(last))

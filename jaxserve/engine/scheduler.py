@@ -25,6 +25,7 @@ import numpy as np
 from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
+from jaxserve.engine.row_pool import RowPool
 from jaxserve.engine.step_input import ScheduledSeq
 
 PenaltyRowSetter = Callable[[int, np.ndarray, list], None]
@@ -42,7 +43,7 @@ class Scheduler:
         self.max_running = max_running
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._free_rows = list(range(max_running - 1, -1, -1))
+        self._penalty_rows = RowPool(max_running)
         self._set_penalty_row = set_penalty_row
         self.num_retractions = 0
         self.num_prompt_tokens_computed = 0  # prompt positions whose KV was computed (recomputes included)
@@ -149,7 +150,7 @@ class Scheduler:
         if req.num_retractions == 0:
             req.cached_tokens = prefix
         if req.params.uses_penalties and self._set_penalty_row is not None:
-            req.penalty_row = self._free_rows.pop()
+            req.penalty_row = self._penalty_rows.acquire(req)
             self._set_penalty_row(req.penalty_row, req.prompt_ids, list(req.output_ids))
         return self._commit(req, num_tokens)
 
@@ -168,9 +169,8 @@ class Scheduler:
 
     def _drop_running(self, req: Request) -> None:
         self.running.remove(req)
-        if req.penalty_row is not None:
-            self._free_rows.append(req.penalty_row)
-            req.penalty_row = None
+        self._penalty_rows.release(req)
+        req.penalty_row = None
 
     # ------------------------------------------------------------------ results
     def process(self, batch: list[ScheduledSeq], token_ids: np.ndarray, logprobs: np.ndarray,

@@ -197,14 +197,14 @@ def _fit(x: jax.Array, width: int) -> jax.Array:
 
 
 class TreeDrafter:
-    """The tree path of an `EagleWorker`: one jitted call and one read of the verdict per round."""
+    """The tree path of an `EagleStepper`: one jitted call and one read of the verdict per round."""
 
-    def __init__(self, worker, tgraph, dgraph) -> None:
-        self.w = worker
-        self.k = worker.topk
-        self._fns = functools.partial(_make_tree_fns, tgraph, dgraph, worker.num_steps, worker.topk,
-                                      worker.num_verify)
-        self.draft_tokens = tuple(b * self.k for b in worker.seq_buckets)
+    def __init__(self, stepper, tgraph, dgraph) -> None:
+        self.w = stepper
+        self.k = stepper.topk
+        self._fns = functools.partial(_make_tree_fns, tgraph, dgraph, stepper.num_steps, stepper.topk,
+                                      stepper.num_verify)
+        self.draft_tokens = tuple(b * self.k for b in stepper.seq_buckets)
 
     @property
     def num_compiles(self) -> dict[str, int]:
@@ -213,29 +213,24 @@ class TreeDrafter:
     def round(self, reqs, starts):
         """Allocate (the draft scratch borrowed and returned by restoring the allocator state, then the
         verify span), build the metadata, run the round. Per request (accepted drafts, new tokens, their
-        logprobs, verify rows of the path), as `EagleWorker.results`."""
+        logprobs, verify rows of the path), as `EagleStepper.results`."""
         w, kv, k, steps, nv = self.w, self.w.kv, self.k, self.w.num_steps, self.w.num_verify
         state_rows = w.state_rows(reqs)
         num_rows = state_rows.shape[0]
         draft_metas = None
         if steps > 1:
             scratch = (steps - 1) * k
-            backup = kv.allocator.state
-            if not kv.extend_many([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
-                raise RuntimeError("tree draft scratch allocation failed after room was made (a bug)")
-            pages, _ = kv.page_ids_many([r.cached for r in reqs], [n + scratch for n in starts])
-            width = pick_bucket(max(p.shape[0] for p in pages), w.page_buckets, "pages_per_sequence")
-            metas = [build_attention_metadata(
-                [SequenceStep(k, n + s * k, p, positions=[n + s - 1] * k)
-                 for n, p in zip(starts, pages, strict=True)],
-                page_size=kv.page_size, token_buckets=self.draft_tokens, seq_buckets=w.seq_buckets,
-                page_buckets=(width,)) for s in range(1, steps)]
-            draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
-            for req, n in zip(reqs, starts, strict=True):
-                req.cached.kv_slots = req.cached.kv_slots[:n]
-            # the scratch slots go back (nothing was freed since the backup); the verify span may take some
-            # of them in this same round: the draft steps read and write them before anything else does
-            kv.allocator.state = backup
+            # the scratch slots go back when the metadata is built; the verify span may take some of them in
+            # this same round: the draft steps read and write them before anything else does
+            with kv.borrow([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
+                pages, _ = kv.page_ids_many([r.cached for r in reqs], [n + scratch for n in starts])
+                width = pick_bucket(max(p.shape[0] for p in pages), w.page_buckets, "pages_per_sequence")
+                metas = [build_attention_metadata(
+                    [SequenceStep(k, n + s * k, p, positions=[n + s - 1] * k)
+                     for n, p in zip(starts, pages, strict=True)],
+                    page_size=kv.page_size, token_buckets=self.draft_tokens, seq_buckets=w.seq_buckets,
+                    page_buckets=(width,)) for s in range(1, steps)]
+                draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
         full, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])

@@ -2,7 +2,7 @@
 
 A speculative step is either a prefill step (prompt chunks of admitted or re-admitted requests, each followed
 by the draft's extend over the same positions) or a decode round over every decoding request (draft chain,
-verify, accept, draft extend: `jaxserve.speculative.worker`). `schedule_prefill` builds the former with the
+verify, accept, draft extend: `jaxserve.speculative.stepper`). `schedule_prefill` builds the former with the
 base scheduler's admission rules; decode rounds allocate their own slots. Retraction works as in the base
 scheduler: the newest running request gives its private KV back and is prefilled again later.
 """
@@ -11,21 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import ScheduledSeq
 
 
 class SpecScheduler(Scheduler):
-    """`Scheduler` whose steps contain prefill chunks only; decoding requests are left to the worker.
+    """`Scheduler` whose steps contain prefill chunks only; decoding requests are left to the stepper.
 
-    A running request decodes once its prefill has sampled (the worker then holds its draft state:
-    `has_state(req)`), whatever is left to feed; `on_retract(req)` lets the worker drop that state."""
+    A running request decodes once its prefill has sampled (the stepper then holds its draft state:
+    `has_state(req)`), whatever is left to feed; `on_retract(req)` lets the stepper drop that state. Both
+    hooks are the stepper's, given here at construction."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.has_state: Callable[[Request], bool] = lambda req: False
-        self.on_retract: Callable[[Request], object] = lambda req: None
+    def __init__(self, kv: KVCache, *, has_state: Callable[[Request], bool],
+                 on_retract: Callable[[Request], object], **kwargs) -> None:
+        super().__init__(kv, **kwargs)
+        self.has_state = has_state
+        self.on_retract = on_retract
 
     def schedule_prefill(self) -> list[ScheduledSeq]:
         """Continuations of running prefills (oldest first), then admissions, within the token budget and the

@@ -19,7 +19,7 @@ class FakeEngine:
         self.name, self.log, self.calls, self.flushes = name, log, 0, 0
         self.compile_on, self.fake_compiles_on, self.outputs = set(compile_on), set(fake_compiles_on), outputs
         self.runner = types.SimpleNamespace(num_compiles=0)
-        self.spec = None
+        self.num_compiles = {"step": 0}
         self.fn = jax.jit(lambda x: x + 1)
 
     def flush_cache(self) -> bool:
@@ -33,6 +33,7 @@ class FakeEngine:
         self.fn(np.zeros(size + 100 * (self.name == "b"))).block_until_ready()
         if self.calls in self.fake_compiles_on:
             self.runner.num_compiles += 1
+            self.num_compiles = {"step": self.runner.num_compiles}
         return [{"output_ids": list(self.outputs)} for _ in input_ids]
 
 

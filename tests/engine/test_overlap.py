@@ -39,7 +39,7 @@ def test_abort_while_a_step_is_in_flight(engines):
             for p in prompts(31, [12, 20])]
     for _ in range(4):
         engine.step()
-    assert engine._inflight is not None  # the last dispatched step is not applied yet
+    assert engine.stepper.inflight is not None  # the last dispatched step is not applied yet
     engine.abort(rids[0])
     engine.check_memory()
     engine.run_until_idle()

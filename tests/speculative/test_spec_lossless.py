@@ -65,9 +65,9 @@ def test_copy_draft_accepts_a_mix_and_random_draft_is_still_lossless():
         assert [o["output_ids"] for o in outs] == ref
         accepted = np.concatenate([o["meta_info"]["spec_accept_lengths"] for o in outs])
         if which == "copy":  # full rounds and rejections both occur, so both accept paths ran
-            assert (accepted == 3).any() and (accepted == 0).any() and engine.spec.acc_length > 1.3
+            assert (accepted == 3).any() and (accepted == 0).any() and engine.stepper.acc_length > 1.3
         else:
-            assert engine.spec.acc_length < 1.2
+            assert engine.stepper.acc_length < 1.2
         engine.flush_cache()
 
 
@@ -122,7 +122,7 @@ def test_overlapped_schedule_matches_the_synchronous_one():
     for sync in (True, False):
         engine = sp.engine("llama", num_steps=3, disable_overlap_schedule=sync)
         outs[sync] = engine.generate(input_ids=prompts, sampling_params=params)
-        assert (engine.spec.inflight is None) and engine.idle
+        assert (engine.stepper.inflight is None) and engine.idle
         engine.check_memory()
         engine.flush_cache()
     for a, b in zip(outs[True], outs[False], strict=True):

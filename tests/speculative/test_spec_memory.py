@@ -46,7 +46,7 @@ def test_aborts_mid_decode_free_their_kv_and_the_rest_is_unchanged():
             assert out["output_ids"] == ref[i]["output_ids"][: len(out["output_ids"])]
         else:
             assert out["output_ids"] == ref[i]["output_ids"]
-    assert not engine.spec.state  # no draft state left behind
+    assert not engine.stepper.rows  # no draft state left behind
     engine.check_memory()
     engine.flush_cache()
     assert engine.kv.available_slots() == engine.kv.num_slots
@@ -66,7 +66,7 @@ def test_compilations_are_bounded_by_the_buckets(tree):
         max_new = int(rng.randint(1, 30))
         params = [{**kinds[(i + j) % 3], "max_new_tokens": max_new} for j in range(len(prompts))]
         engine.generate(input_ids=prompts, sampling_params=params)
-    b, w = engine.buckets, engine.spec
+    b, w = engine.buckets, engine.stepper
     compiles = w.num_compiles
     pages = len(w.page_buckets)
     assert compiles["prefill"] <= len(b.tokens) * len(b.seqs) * pages

@@ -1,7 +1,8 @@
-"""`EagleWorker`: EAGLE-3 speculative decoding inside the engine (chain drafting; tree drafting in
-`draft_tree`), verified by greedy matching or exact rejection sampling (`rejection.verify_tree`).
+"""`EagleStepper`: EAGLE-3 speculative decoding behind the engine's `Stepper` seam (chain drafting; tree
+drafting in `draft_tree`), verified by greedy matching or exact rejection sampling (`rejection.verify_tree`).
 
-State of a decoding request with `n = num_computed` (SGLang's EAGLE worker keeps the same one): target
+State of a decoding request with `n = num_computed` (EAGLE-3's draft reads the target's hidden states one
+position behind the token it is fed, so its state always trails the target by one token): target
 KV and draft KV at positions `[0, n)`, the last token `x` (position n) known but not computed, and from the
 draft's last step its best next tokens (`d1` for position n + 1) with the draft hidden state that produced
 them. That state stays on device (`draft_state`): a round reads its rows with an index array, no sync.
@@ -59,6 +60,8 @@ from flax import nnx
 from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
+from jaxserve.engine.row_pool import RowPool
+from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
@@ -160,20 +163,22 @@ class _Round:
     top1: jax.Array
 
 
-class EagleWorker:
-    """Runs speculative steps for an engine: owns the draft, its KV pool and the per-request draft state.
-    `runner` (the engine's ModelRunner) holds the penalty pool that prefill and verify read and update."""
+class EagleStepper:
+    """Runs speculative steps for an engine: owns its scheduler (`SpecScheduler`, whose hooks are this
+    stepper's), the draft, its KV pool and the per-request draft state. `runner` (the engine's ModelRunner)
+    holds the penalty pool that prefill and verify read and update."""
 
-    def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, scheduler: SpecScheduler,
-                 buckets: Buckets, *, runner, num_steps: int, context_length: int, topk: int = 1,
-                 num_draft_tokens: int | None = None, overlap: bool = True) -> None:
+    def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, buckets: Buckets, *,
+                 runner: ModelRunner, max_tokens: int, max_running: int, num_steps: int,
+                 context_length: int, topk: int = 1, num_draft_tokens: int | None = None,
+                 overlap: bool = True) -> None:
         if tuple(target.aux_hidden_state_layer_ids) != tuple(draft.config.aux_layer_ids):
             raise ValueError(f"the target captures layers {target.aux_hidden_state_layer_ids} but the draft "
                              f"reads {draft.config.aux_layer_ids}: load the target with "
                              f"aux_hidden_state_layer_ids={tuple(draft.config.aux_layer_ids)}")
         tgraph, self.tparams = nnx.split(target)
         dgraph, self.dparams = nnx.split(draft)
-        self.kv, self.scheduler, self.buckets, self.runner = kv, scheduler, buckets, runner
+        self.kv, self.buckets, self.runner = kv, buckets, runner
         self.num_steps = num_steps
         self.topk = topk
         self.num_verify = num_steps + 1 if topk == 1 else num_draft_tokens
@@ -192,19 +197,20 @@ class EagleWorker:
         # extend, read by the next round: never transferred to the host)
         num_state_rows = max(self.seq_buckets)
         self.states = new_states(num_state_rows, topk, draft.config.hidden_size, draft.config.jnp_dtype)
-        self.state: dict[Request, int] = {}
+        self.rows = RowPool(num_state_rows)  # which request owns which row of `states` and `shifts`
         # per state row, the last round's accepted drafts and last emitted token (read by an overlapped round)
         self.shifts = (jnp.zeros(num_state_rows, jnp.int32), jnp.zeros(num_state_rows, jnp.int32))
         # overlapped schedule (chains): the dispatched round whose verdict the host has not applied yet
         self.overlap = overlap and topk == 1
         self.inflight: _Round | None = None
-        self._free_state_rows = list(range(num_state_rows - 1, -1, -1))
-        scheduler.has_state = self.state.__contains__
-        scheduler.on_retract = self.forget
+        self.scheduler = SpecScheduler(kv, max_tokens=max_tokens, max_running=max_running,
+                                       set_penalty_row=runner.set_penalty_row,
+                                       has_state=self.rows.__contains__, on_retract=self.forget)
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
-        self.stats = {"prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0, "tree_kv_moved": 0}
+        self.stats = {"steps": 0, "prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0,
+                      "tree_kv_moved": 0}
         self.tree = None
         if topk > 1:
             from jaxserve.speculative.draft_tree import TreeDrafter
@@ -212,9 +218,15 @@ class EagleWorker:
             self.tree = TreeDrafter(self, tgraph, dgraph)
 
     # ------------------------------------------------------------------ steps
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or running and no round in flight."""
+        return self.scheduler.idle and self.inflight is None
+
     def step(self) -> list[Request]:
         """One prefill step if anything is to prefill, else one decode round. Returns finished requests.
         A round still in flight is applied first when a prefill comes (or nothing is left to decode)."""
+        self.stats["steps"] += 1
         finished = []
         if self.inflight is not None and self._prefill_pending():
             finished = self.drain()
@@ -234,7 +246,7 @@ class EagleWorker:
 
     def _prefill_pending(self) -> bool:
         sched = self.scheduler
-        return bool(sched.waiting) or any(r.status is Status.RUNNING and r not in self.state
+        return bool(sched.waiting) or any(r.status is Status.RUNNING and r not in self.rows
                                           for r in sched.running)
 
     def drain(self) -> list[Request]:
@@ -258,7 +270,7 @@ class EagleWorker:
         dest = np.full(inp.sampling.num_rows, self.states[0].shape[0], np.int32)  # out of range: dropped
         for row, seq in enumerate(batch):
             if seq.samples:
-                dest[row] = self._state_row(seq.req)
+                dest[row] = self.rows.acquire(seq.req)
                 if seq.req.spec_accept_lengths is None:
                     seq.req.spec_accept_lengths = []
         runner = self.runner
@@ -273,12 +285,6 @@ class EagleWorker:
         for req in finished:
             self.forget(req)
         return finished
-
-    def _state_row(self, req: Request) -> int:
-        row = self.state.get(req)
-        if row is None:
-            row = self.state[req] = self._free_state_rows.pop()
-        return row
 
     def _round_end(self, req: Request, prev: _Round | None) -> int:
         """Slots a request needs for this round: its verify span (or tree scratch) past `num_computed`, and
@@ -295,8 +301,7 @@ class EagleWorker:
         while reqs:
             need = sum(max(0, kv.pages_for(self._round_end(r, prev)) - kv.pages_for(len(r.cached.kv_slots)))
                        for r in reqs) * kv.page_size
-            kv._make_room(need)
-            if kv.available_slots() >= need:
+            if kv.reserve(need):
                 return reqs
             if not retract:
                 return None
@@ -307,7 +312,7 @@ class EagleWorker:
     def state_rows(self, reqs: list[Request]) -> np.ndarray:
         """i32[seq bucket]: the requests' rows in the state buffer (padding rows read row 0)."""
         rows = np.zeros(pick_bucket(len(reqs), self.seq_buckets, "num_seqs"), np.int32)
-        rows[: len(reqs)] = [self.state[r] for r in reqs]
+        rows[: len(reqs)] = [self.rows[r] for r in reqs]
         return rows
 
     def decode(self, reqs: list[Request]) -> list[Request]:
@@ -321,7 +326,7 @@ class EagleWorker:
                 self.inflight = self._chain(room, prev)
                 return self._apply(prev, self.inflight.members) if prev is not None else []
         finished = self.drain()
-        reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.state])
+        reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.rows])
         if not reqs:
             return finished
         if self.tree is not None:
@@ -335,7 +340,7 @@ class EagleWorker:
         results = self.results(rnd.verdict, rnd.reqs)
         self.record_extend(rnd.meta, rnd.top1, results)
         live = [(r, res) for r, res in zip(rnd.reqs, results, strict=True)
-                if r.status is Status.RUNNING and r in self.state]
+                if r.status is Status.RUNNING and r in self.rows]
         return self._finish(self._accept([r for r, _ in live], [res for _, res in live], next_members))
 
     def _finish(self, finished: list[Request]) -> list[Request]:
@@ -432,12 +437,7 @@ class EagleWorker:
                     finished.append(req)
                     break
             end = n + accepted + 1
-            keep = end + (self.num_verify if req in next_members else 0)
-            slots = req.cached.kv_slots
-            tail = slots[kv.pages_for(keep) * kv.page_size:]
-            if tail.shape[0]:
-                kv.allocator.free(tail)
-            req.cached.kv_slots = slots[:keep]
+            kv.shrink(req.cached, end + (self.num_verify if req in next_members else 0))
             req.num_computed = end
         return finished
 
@@ -465,14 +465,12 @@ class EagleWorker:
     # ------------------------------------------------------------------ bookkeeping
     def forget(self, req: Request) -> None:
         """Drop a request's draft state (finish, abort, retraction); its state row is free again."""
-        row = self.state.pop(req, None)
-        if row is not None:
-            self._free_state_rows.append(row)
+        self.rows.release(req)
 
     @property
     def num_compiles(self) -> dict[str, int]:
         variants = [self._fns(r) for r in (False, True)]
-        counts = {"prefill": sum(f[0]._cache_size() for f in variants),
+        counts = {"step": self.runner.num_compiles, "prefill": sum(f[0]._cache_size() for f in variants),
                   "chain_round": sum(f[1]._cache_size() for f in variants)}
         if self.tree is not None:
             counts.update(self.tree.num_compiles)

@@ -1,0 +1,108 @@
+"""The `Stepper` seam: what the `Engine` facade drives, one step at a time, and `PlainStepper`.
+
+A stepper owns the step loop over one scheduler: each `step()` schedules, dispatches a device step and
+applies results, returning the requests that finished. `PlainStepper` runs the plain decode step;
+`jaxserve.speculative.stepper.EagleStepper` runs EAGLE-3 rounds (or plain steps that keep the draft usable).
+
+Overlap schedule (`PlainStepper`, unless `overlap=False`): step t+1 is built and dispatched while step t
+runs; the tokens step t sampled reach step t+1 on device (`StepInput.prev_rows`). The host reads step t's
+ids only after dispatching t+1, so the device never waits for the host. Sampled outputs are the same under
+both schedules (same steps, same keys). While a request with a grammar runs, steps are applied as they are
+dispatched (its next mask needs its last token on the host).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import numpy as np
+
+from jaxserve.engine import prompt_logprobs
+from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.request import Request
+from jaxserve.engine.runner import ModelRunner
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
+from jaxserve.sampling import SampleOutput
+
+
+class Stepper(Protocol):
+    """One step loop over `scheduler`. `step()` -> finished requests ([] when nothing is to do); `idle`:
+    nothing queued, running or in flight; `forget(req)`: drop what the stepper holds for a request that
+    was aborted (its KV is the scheduler's business); `num_compiles`: executables per jitted program;
+    `stats`: counters, `stats["steps"]` the steps dispatched."""
+
+    scheduler: Scheduler
+    stats: dict
+
+    def step(self) -> list[Request]: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    def forget(self, req: Request) -> None: ...
+
+    @property
+    def num_compiles(self) -> dict[str, int]: ...
+
+
+class PlainStepper:
+    """Plain decoding: every step is one ragged batch (prefill chunks and decodes) through `runner`.
+    `stats`: steps, tokens fed, host seconds and seconds spent waiting for the device (reading results)."""
+
+    def __init__(self, kv: KVCache, runner: ModelRunner, buckets: Buckets, *, max_tokens: int,
+                 max_running: int, overlap: bool = True) -> None:
+        self.kv, self.runner, self.buckets, self.overlap = kv, runner, buckets, overlap
+        self.scheduler = Scheduler(kv, max_tokens=max_tokens, max_running=max_running,
+                                   set_penalty_row=runner.set_penalty_row)
+        # dispatched, not applied: (batch, samples, the prompt logprobs when a request asked for them)
+        self.inflight: tuple[list[ScheduledSeq], SampleOutput, tuple | None] | None = None
+        self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle and self.inflight is None
+
+    def forget(self, req: Request) -> None:
+        """Nothing per request lives here: a step in flight skips an aborted request when applied."""
+
+    @property
+    def num_compiles(self) -> dict[str, int]:
+        return {"step": self.runner.num_compiles}
+
+    def step(self) -> list[Request]:
+        """Schedule and dispatch one step, then apply the results of the step before it (overlap) or of
+        this one. Returns the requests that finished."""
+        t0 = time.perf_counter()
+        # a request with a grammar needs its last token on the host for its next mask: while one runs, a
+        # step in flight is applied first, on its own, and each step is applied as it is dispatched
+        constrained = any(r.grammar is not None for r in self.scheduler.running)
+        batch = [] if constrained and self.inflight is not None else self.scheduler.schedule()
+        inflight, self.inflight = self.inflight, None
+        if batch:
+            prev_rows = {} if inflight is None else {
+                s.req: row for row, s in enumerate(inflight[0]) if s.samples}
+            inp = build_step_input(batch, self.kv, self.buckets, prev_rows)
+            next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
+            out, prompt = (self.runner.run(inp), None) if next_ids is None else \
+                self.runner.run_with_prompt_logprobs(inp, next_ids)
+            self.inflight = (batch, out, prompt)
+            self.stats["steps"] += 1
+            self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
+        if (not self.overlap or constrained) and batch:  # apply this step now (nothing else is in flight)
+            inflight, self.inflight = self.inflight, None
+        if inflight is None:
+            return []
+        t1 = time.perf_counter()
+        out = inflight[1]
+        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
+        wants_top = any(s.req.params.top_logprobs_num for s in inflight[0])
+        top = (np.asarray(out.top_ids), np.asarray(out.top_logprobs)) if wants_top else None
+        if inflight[2] is not None:
+            prompt_logprobs.record(inflight[0], *(np.asarray(x) for x in inflight[2]))
+        t2 = time.perf_counter()
+        finished = self.scheduler.process(inflight[0], token_ids, logprobs, top)
+        self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)
+        self.stats["device_wait_s"] += t2 - t1
+        return finished
