@@ -95,7 +95,9 @@ class Engine:
                                         num_steps=args.speculative_num_steps,
                                         topk=args.speculative_eagle_topk,
                                         num_draft_tokens=args.num_draft_tokens, overlap=overlap,
-                                        context_length=self.context_length, **sizes)
+                                        context_length=self.context_length,
+                                        policy=args.speculative_policy,
+                                        disable_batch_size=args.speculative_disable_batch_size, **sizes)
         else:
             self.stepper = PlainStepper(self.kv, self.runner, self.buckets, overlap=overlap, **sizes)
         self.scheduler = self.stepper.scheduler

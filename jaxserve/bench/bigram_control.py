@@ -48,7 +48,8 @@ GREEDY = {"temperature": 0}
 def make_engine(model_path: str, draft_path: str, num_steps: int = 2) -> Engine:
     return Engine(model_path=model_path, speculative_algorithm="EAGLE3",
                   speculative_draft_model_path=draft_path, speculative_num_steps=num_steps,
-                  max_total_tokens=8192, chunked_prefill_size=1024, max_running_requests=64)
+                  max_total_tokens=8192, chunked_prefill_size=1024, max_running_requests=64,
+                  speculative_policy="always")  # the control measures drafts: every decode step a round
 
 
 def use_token_keys(engine: Engine) -> None:

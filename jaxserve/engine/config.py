@@ -39,6 +39,10 @@ class ServerArgs:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).
     grammar_backend: "llguidance" (default: json_schema / regex / ebnf sampling parameters constrain the
     output) or "none" (such requests are refused).
+    speculative_policy: "auto" (each decode step is an EAGLE-3 round or a plain step that keeps the draft
+    usable, whichever measured more tokens per second at the running batch size) or "always" (a round
+    every step). speculative_disable_batch_size: decode plainly at this many decoding requests or more
+    (a fixed threshold, under either policy; None: no threshold).
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
     bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
     with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
@@ -65,6 +69,8 @@ class ServerArgs:
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
     grammar_backend: str = "llguidance"
+    speculative_policy: str = "auto"
+    speculative_disable_batch_size: int | None = None
     debug_token_keys: bool = False
 
     def __post_init__(self) -> None:
@@ -101,6 +107,11 @@ class ServerArgs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"server arg {name}={value!r} must be an int >= 1")
+        if self.speculative_policy not in ("auto", "always"):
+            raise ValueError(f"speculative_policy={self.speculative_policy!r}; choose 'auto' or 'always'")
+        if self.speculative_disable_batch_size is not None and self.speculative_disable_batch_size < 1:
+            raise ValueError(f"speculative_disable_batch_size={self.speculative_disable_batch_size}: "
+                             "give a batch size >= 1 (or leave it unset)")
         chain = self.speculative_num_steps + 1
         if self.speculative_eagle_topk == 1 and self.speculative_num_draft_tokens not in (None, chain):
             raise ValueError(f"speculative_num_draft_tokens={self.speculative_num_draft_tokens}: a chain "

@@ -54,6 +54,13 @@ class SpecScheduler(Scheduler):
         """Running requests whose next step is a decode round (every token but the last one has KV)."""
         return [r for r in self.running if r.status is Status.RUNNING and self.has_state(r)]
 
+    def commit_decodes(self, reqs: list[Request]) -> list[ScheduledSeq]:
+        """A plain decode step for decoding requests: one slot each (one allocator call; the caller made
+        room first, so it cannot fail), their last token fed, their next one sampled."""
+        if not self.kv.extend_many([(r.cached, r.num_computed, r.num_computed + 1) for r in reqs]):
+            raise RuntimeError("decode allocation failed after room was made (a bug)")
+        return [self._commit(r, 1) for r in reqs]
+
     def retract_newest(self) -> Request:
         victim = self.running[-1]
         self._retract(victim, [])

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +70,7 @@ from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch,
 from jaxserve.sampling.grammar import fill_bitmask
 from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
+from jaxserve.speculative.policy import StepCosts, choose_draft_steps
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.schedule import SpecScheduler
 from jaxserve.speculative.shift import shift_meta
@@ -163,6 +165,34 @@ class _Round:
     top1: jax.Array
 
 
+class _Costs:
+    """Measured decode-step seconds per choice for one seq bucket (a running mean over the last steps)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}
+        self.samples: dict[int, int] = {}
+        self.since_tried: dict[int, int] = {}
+        self.last: int | None = None
+        self.run_length = 0
+
+    def record(self, choice: int, seconds: float | None) -> None:
+        """A step with `choice` ran; `seconds` its wall time, None when it is not a steady-state sample."""
+        for k in self.since_tried:
+            self.since_tried[k] += 1
+        self.since_tried[choice] = 0
+        self.run_length = self.run_length + 1 if self.last == choice else 1
+        self.last = choice
+        if seconds is not None:
+            n = self.samples.get(choice, 0)
+            weight = 1.0 / (n + 1) if n < 8 else 1.0 / 8  # the mean, then a moving average of ~8 steps
+            self.seconds[choice] = self.seconds.get(choice, seconds) * (1 - weight) + seconds * weight
+            self.samples[choice] = n + 1
+
+    def view(self) -> StepCosts:
+        return StepCosts(dict(self.seconds), dict(self.samples), dict(self.since_tried), self.last,
+                         self.run_length)
+
+
 class EagleStepper:
     """Runs speculative steps for an engine: owns its scheduler (`SpecScheduler`, whose hooks are this
     stepper's), the draft, its KV pool and the per-request draft state. `runner` (the engine's ModelRunner)
@@ -171,7 +201,7 @@ class EagleStepper:
     def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, buckets: Buckets, *,
                  runner: ModelRunner, max_tokens: int, max_running: int, num_steps: int,
                  context_length: int, topk: int = 1, num_draft_tokens: int | None = None,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, policy: str = "auto", disable_batch_size: int | None = None) -> None:
         if tuple(target.aux_hidden_state_layer_ids) != tuple(draft.config.aux_layer_ids):
             raise ValueError(f"the target captures layers {target.aux_hidden_state_layer_ids} but the draft "
                              f"reads {draft.config.aux_layer_ids}: load the target with "
@@ -210,7 +240,13 @@ class EagleStepper:
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
         self.stats = {"steps": 0, "prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0,
-                      "tree_kv_moved": 0}
+                      "reached": 0, "tree_kv_moved": 0, "plain_decode_steps": 0, "round_steps": 0}
+        # adaptive speculation: per decode step, plain (0 draft steps) or a full round (`policy`)
+        choose_draft_steps(1, options=(0, num_steps), policy=policy)  # refuses an unknown policy now
+        self.policy, self.disable_batch_size = policy, disable_batch_size
+        self.options = (0, num_steps)
+        self.costs: dict[int, _Costs] = {}  # per seq bucket
+        self._prev_decode: tuple[int, int] | None = None  # (seq bucket, choice) of the last step if decode
         self.tree = None
         if topk > 1:
             from jaxserve.speculative.draft_tree import TreeDrafter
@@ -232,10 +268,12 @@ class EagleStepper:
             finished = self.drain()
         batch = self.scheduler.schedule_prefill()
         if batch:
+            self._prev_decode = None
+            self.stats["prefill_steps"] += 1
             return finished + self.prefill(batch)
         reqs = self.scheduler.decoding()
         if reqs:
-            return finished + self.decode(reqs)
+            return finished + self._decode_step(reqs)
         if self.inflight is not None:
             return finished + self.drain()
         if not self.scheduler.idle:
@@ -280,27 +318,66 @@ class EagleStepper:
         token_ids, logprobs = jax.device_get((out.token_ids, out.logprobs))
         top = jax.device_get((out.top_ids, out.top_logprobs)) if _wants_top(s.req for s in batch) else None
         self._record(inp.meta, t, top1)
-        self.stats["prefill_steps"] += 1
         finished = self.scheduler.process(batch, token_ids, logprobs, top)
         for req in finished:
             self.forget(req)
         return finished
 
-    def _round_end(self, req: Request, prev: _Round | None) -> int:
-        """Slots a request needs for this round: its verify span (or tree scratch) past `num_computed`, and
-        past the furthest start the round in flight can give it (`num_computed + S + 1`) when it is in it."""
-        extra = self.num_verify if prev is not None and req in prev.members else 0
-        return req.num_computed + extra + self.num_reserve
+    def _decode_step(self, reqs: list[Request]) -> list[Request]:
+        """One decode step for every decoding request: a round, or a plain step, as the policy chooses from
+        the batch size and what earlier steps measured (`policy.choose_draft_steps`)."""
+        bucket = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
+        costs = self.costs.setdefault(bucket, _Costs())
+        choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
+                                    disable_batch_size=self.disable_batch_size, accept_rate=self.accept_rate,
+                                    costs=costs.view())
+        steady = self._prev_decode == (bucket, choice)
+        compiles = sum(self.num_compiles.values())
+        t0 = time.perf_counter()
+        finished = self.decode(reqs) if choice else self._plain(reqs)
+        seconds = time.perf_counter() - t0
+        costs.record(choice, seconds if steady and sum(self.num_compiles.values()) == compiles else None)
+        self._prev_decode = (bucket, choice)
+        self.stats["round_steps" if choice else "plain_decode_steps"] += 1
+        return finished
 
-    def _make_room(self, reqs: list[Request], prev: _Round | None = None, *,
-                   retract: bool = True) -> list[Request] | None:
-        """Free slots for every request's round (verify span or tree scratch), evicting tree nodes and then
-        (`retract`) retracting the newest running requests. Returns the requests still decoding; None when
-        eviction alone is not enough and `retract` is False."""
+    def _plain(self, reqs: list[Request]) -> list[Request]:
+        """A plain decode step that keeps the draft usable: the target decodes one token per request and
+        the draft extends over it with the captured hidden states (the prefill program over one-token
+        sequences), so a later round starts from exactly the state a round would have left. Counts as a
+        verify round that accepted no draft in each request's `spec_accept_lengths`."""
+        finished = self.drain()
+        reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.rows],
+                               num_tokens=1)
+        if not reqs:
+            return finished
+        batch = self.scheduler.commit_decodes(reqs)
+        for req in reqs:
+            req.spec_accept_lengths.append(0)
+        return finished + self.prefill(batch)
+
+    @property
+    def accept_rate(self) -> float | None:
+        """Measured probability that a draft is accepted given its parent was (None before any round)."""
+        reached = self.stats["reached"]
+        return self.stats["accepted"] / reached if reached else None
+
+    def _round_end(self, req: Request, prev: _Round | None, num_tokens: int) -> int:
+        """Slots a request needs for this step: `num_tokens` past `num_computed`, and past the furthest start
+        the round in flight can give it (`num_computed + S + 1`) when it is in it."""
+        extra = self.num_verify if prev is not None and req in prev.members else 0
+        return req.num_computed + extra + num_tokens
+
+    def _make_room(self, reqs: list[Request], prev: _Round | None = None, *, retract: bool = True,
+                   num_tokens: int | None = None) -> list[Request] | None:
+        """Free slots for every request's step (`num_tokens` each, default a round's verify span or tree
+        scratch), evicting tree nodes and then (`retract`) retracting the newest running requests. Returns
+        the requests still decoding; None when eviction alone is not enough and `retract` is False."""
         kv = self.kv
+        num_tokens = self.num_reserve if num_tokens is None else num_tokens
         while reqs:
-            need = sum(max(0, kv.pages_for(self._round_end(r, prev)) - kv.pages_for(len(r.cached.kv_slots)))
-                       for r in reqs) * kv.page_size
+            need = sum(max(0, kv.pages_for(self._round_end(r, prev, num_tokens))
+                           - kv.pages_for(len(r.cached.kv_slots))) for r in reqs) * kv.page_size
             if kv.reserve(need):
                 return reqs
             if not retract:
@@ -361,7 +438,7 @@ class EagleStepper:
         """Dispatch the chain round (one call). Requests in `prev` (in flight) are built as if every draft
         there were accepted and shifted back on device."""
         kv, nv, steps = self.kv, self.num_verify, self.num_steps
-        ends = [self._round_end(r, prev) for r in reqs]
+        ends = [self._round_end(r, prev, self.num_reserve) for r in reqs]
         spans = [(r.cached, len(r.cached.kv_slots), e) for r, e in zip(reqs, ends, strict=True)]
         if not kv.extend_many([s for s in spans if s[2] > s[1]]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
@@ -432,6 +509,7 @@ class EagleStepper:
             self.stats["rounds"] += 1
             self.stats["verified"] += self.num_steps
             self.stats["accepted"] += accepted
+            self.stats["reached"] += min(accepted + 1, self.num_steps)  # drafts whose parent was accepted
             for token, logprob, top in zip(new, logps, tops, strict=True):
                 if req.append_output(token, logprob, *top) is not None:
                     finished.append(req)

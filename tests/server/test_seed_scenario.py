@@ -40,7 +40,7 @@ def spec_server(spec_pair, *extra: str) -> ServerProcess:
     return ServerProcess(["--model-path", str(target), *flags_of(SPEC_FLAGS),
                           "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
                           "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                          "--speculative-num-draft-tokens", "4", *extra])
+                          "--speculative-num-draft-tokens", "4", "--speculative-policy", "always", *extra])
 
 
 @pytest.fixture(scope="module")

@@ -79,11 +79,11 @@ def engine(kind: str, *, which: str | None = "copy", page_size: int = 1, max_tot
     """An engine over `target(kind)`; speculative with `draft(kind, which)` unless `which` is None."""
     max_pages = min(-(-600 // page_size), max_total_tokens // page_size)
     spec = {} if which is None else dict(draft_model=draft(kind, which), speculative_algorithm="EAGLE3",
-                                          speculative_num_steps=num_steps)
+                                          speculative_num_steps=num_steps, speculative_policy="always")
     return Engine(model=target(kind), page_size=page_size, max_total_tokens=max_total_tokens,
                   chunked_prefill_size=chunk, max_running_requests=max_running,
                   buckets=small_buckets(max_tokens=chunk, max_seqs=max_running, max_pages=max_pages),
-                  **spec, **kwargs)
+                  **{**spec, **kwargs})
 
 
 def shared_prefix_prompts(seed: int, n: int = 6) -> list[list[int]]:

@@ -57,7 +57,8 @@ GREEDY = {"temperature": 0}
 def make_engine(**kwargs) -> Engine:
     return Engine(model_path=str(PAIR_DIR), speculative_algorithm="EAGLE3",
                   speculative_draft_model_path=str(PAIR_DIR / "draft"), speculative_num_steps=2,
-                  max_total_tokens=8192, chunked_prefill_size=1024, max_running_requests=32, **kwargs)
+                  max_total_tokens=8192, chunked_prefill_size=1024, max_running_requests=32,
+                  speculative_policy="always", **kwargs)
 
 
 def test_seed_scenario_acc_length_same_with_and_without_radix_cache():

@@ -1,0 +1,79 @@
+"""When to speculate: a pure function choosing, per decode step, how many draft steps an EAGLE-3 round runs
+(0 = a plain decode step, which still keeps every request's draft state usable).
+
+Why a choice at all: a round costs more device time than a plain step (draft steps, a verify over S + 1
+tokens per request, the draft extend), and it pays off only while the tokens it emits per request outweigh
+that cost. At batch 1 the step is bound by fixed per-step costs and a round is almost free; at large batches
+the device is busy with the verify's extra tokens and a round can lose to plain decoding.
+
+The model: drafts are accepted left to right, each with probability `accept_rate` given its parent was, so
+a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on average. The stepper
+measures the seconds a decode step takes for each choice and batch-size bucket (steps that compiled are
+not measured) and the acceptance from the rounds it ran; `choose_draft_steps` picks the choice with the
+most tokens per second. A choice not measured yet, or not tried for `reprobe_after` steps, is tried
+(exploration), so a change in acceptance or load is noticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+POLICIES = ("auto", "always")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """What the stepper measured for one batch-size bucket: `seconds[k]` the mean wall seconds of a decode
+    step with k draft steps, `samples[k]` how many steps that mean is over, `since_tried[k]` decode steps
+    since k last ran (absent: never); `last` the choice of the previous decode step and `run_length` how
+    many decode steps in a row it has been chosen (a switch drains or refills the overlap pipeline, so
+    only the steps after the first of a run measure the steady state)."""
+
+    seconds: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    samples: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    since_tried: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    last: int | None = None
+    run_length: int = 0
+
+
+def expected_tokens(num_draft_steps: int, accept_rate: float) -> float:
+    """Tokens one request emits per step with `num_draft_steps` drafts: sum of accept_rate^i, i = 0..k."""
+    return sum(accept_rate ** i for i in range(num_draft_steps + 1))
+
+
+def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str = "auto",
+                       disable_batch_size: int | None = None, accept_rate: float | None = None,
+                       costs: StepCosts = StepCosts(), min_samples: int = 3, reprobe_after: int = 64,
+                       min_run: int = 3, margin: float = 0.05) -> int:
+    """The draft steps for the next decode step of `batch_size` requests, one of `options` (which holds 0
+    and the configured num_steps, maybe more).
+
+    `disable_batch_size`: at this many decoding requests or more, always 0 (a fixed override, any policy).
+    `policy="always"`: otherwise the largest option. `policy="auto"`: the previous choice is kept until it
+    ran `min_run` steps in a row (so that it gets measured in steady state); then an option with fewer
+    than `min_samples` measurements, or not tried for `reprobe_after` steps, is tried (largest first);
+    else the option with the most expected tokens per second, where a speculative option must beat plain
+    decoding by `margin` (so noise does not flip a tie towards the costlier path). `accept_rate` None
+    (no round measured yet) counts as 0."""
+    if policy not in POLICIES:
+        raise ValueError(f"speculative policy {policy!r}; choose one of {POLICIES}")
+    if 0 not in options:
+        raise ValueError(f"options {tuple(options)} must include 0 (plain decoding)")
+    if disable_batch_size is not None and batch_size >= disable_batch_size:
+        return 0
+    largest = max(options)
+    if policy == "always":
+        return largest
+    if costs.last in options and costs.run_length < min_run:
+        return costs.last
+    for k in sorted(options, reverse=True):
+        if costs.samples.get(k, 0) < min_samples or costs.since_tried.get(k, reprobe_after) >= reprobe_after:
+            return k
+    rate = accept_rate or 0.0
+
+    def tokens_per_s(k: int) -> float:
+        gain = 1.0 if k == 0 else 1.0 / (1.0 + margin)
+        return gain * expected_tokens(k, rate) / costs.seconds[k]
+
+    return max(sorted(options), key=tokens_per_s)

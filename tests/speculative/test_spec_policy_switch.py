@@ -1,0 +1,58 @@
+"""Adaptive speculation stays lossless when a request switches between EAGLE-3 rounds and plain steps
+mid-request: the plain step extends the draft over each new token, so a later round starts from a usable
+draft state (it still accepts drafts) and greedy output equals the plain engine's token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.speculative import spec_pairs as sp
+
+GREEDY = {"temperature": 0}
+TREE = dict(num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)
+
+
+@pytest.mark.parametrize("drafting", ["chain", "tree"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_switching_mid_request_keeps_greedy_output_equal_to_plain(drafting, overlap):
+    """A long request decodes alone (rounds), two short ones join (3 decoding >= the disable batch size:
+    plain steps for all three), they finish, and the long one goes back to rounds."""
+    prompts = sp.shared_prefix_prompts(seed=5, n=3)
+    max_new = [48, 8, 10]
+    plain = sp.engine("llama", which=None).generate(
+        input_ids=prompts, sampling_params=[{**GREEDY, "max_new_tokens": m} for m in max_new])
+    extra = TREE if drafting == "tree" else dict(num_steps=3)
+    engine = sp.engine("llama", speculative_disable_batch_size=3, disable_overlap_schedule=not overlap,
+                       **extra)
+    long_rid = engine.submit(input_ids=prompts[0], sampling_params={**GREEDY, "max_new_tokens": max_new[0]})
+    long_req = engine.request(long_rid)
+    while len(long_req.output_ids) < 12:
+        engine.step()
+    rounds_before = len(long_req.spec_accept_lengths)
+    short = [engine.submit(input_ids=p, sampling_params={**GREEDY, "max_new_tokens": m})
+             for p, m in zip(prompts[1:], max_new[1:], strict=True)]
+    while not all(engine.request(r).finished for r in short):
+        engine.step()
+    switched_at = len(long_req.spec_accept_lengths)
+    engine.run_until_idle()
+    outs = [engine.output(r) for r in (long_rid, *short)]
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    lengths = long_req.spec_accept_lengths
+    assert engine.stats["plain_decode_steps"] > 0 and engine.stats["round_steps"] > 0
+    assert 0 in lengths[rounds_before:switched_at]  # plain steps (no draft accepted) while three decoded
+    assert max(lengths[switched_at:]) > 0  # back to rounds, and the draft state was still usable
+    engine.check_memory()
+    engine.flush_cache()
+
+
+def test_policy_auto_runs_both_paths_and_stays_lossless():
+    """`auto` explores rounds and plain steps (timing decides which it keeps): output equals plain."""
+    prompts = sp.shared_prefix_prompts(seed=9, n=4)
+    params = {**GREEDY, "max_new_tokens": 40}
+    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    engine = sp.engine("llama", num_steps=3, speculative_policy="auto")
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    assert engine.stats["plain_decode_steps"] > 0 and engine.stats["round_steps"] > 0
+    engine.check_memory()
+    engine.flush_cache()
