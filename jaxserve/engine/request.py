@@ -56,6 +56,9 @@ class Request:
     finish_time: float | None = None
     spec_accept_lengths: list[int] | None = None  # speculative decoding: drafts accepted per verify round
     grammar: GrammarMatcher | None = None  # the output constraint's state (json_schema / regex / ebnf)
+    # prompt + output, append-only: `fill_ids()` views it, so a step's host cost does not grow with context
+    _tokens: np.ndarray | None = field(default=None, repr=False)
+    _num_tokens: int = field(default=0, repr=False)
 
     @property
     def output_ids(self) -> list[int]:
@@ -67,9 +70,23 @@ class Request:
         return int(self.prompt_ids.shape[0]) + len(self.stop.output_ids) + self.num_pending
 
     def fill_ids(self) -> np.ndarray:
-        """prompt + output as int32 (a fresh array; pending tokens are not known on the host yet)."""
-        out = np.asarray(self.stop.output_ids, np.int32)
-        return np.concatenate([self.prompt_ids, out]) if out.size else self.prompt_ids.copy()
+        """prompt + output as a read-only int32 view of the request's append-only token buffer (pending
+        tokens are not known on the host yet). Costs O(tokens appended since the last call), not O(context);
+        the view stays valid (outputs are only ever appended)."""
+        if self._tokens is None:
+            self._tokens = np.empty(int(self.prompt_ids.shape[0]) + max(self.max_new_tokens, 1), np.int32)
+            self._tokens[: self.prompt_ids.shape[0]] = self.prompt_ids
+            self._num_tokens = int(self.prompt_ids.shape[0])
+        out = self.stop.output_ids
+        num_tokens = int(self.prompt_ids.shape[0]) + len(out)
+        if num_tokens > self._num_tokens:
+            if num_tokens > self._tokens.shape[0]:  # past max_new_tokens (never happens; stay correct)
+                self._tokens = np.concatenate([self._tokens, np.empty_like(self._tokens)])
+            self._tokens[self._num_tokens: num_tokens] = out[self._num_tokens - self.prompt_ids.shape[0]:]
+            self._num_tokens = num_tokens
+        view = self._tokens[:num_tokens]
+        view.flags.writeable = False
+        return view
 
     @property
     def num_remaining(self) -> int:
