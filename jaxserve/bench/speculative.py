@@ -9,7 +9,8 @@ For each batch size B, B prompts (first docstring lines of standard-library call
 model was trained on) decode `--output-len` tokens greedily, EOS ignored, on two engines over the same
 weights: plain, and EAGLE-3 chain drafting (`--num-steps`, default 2, i.e. 3 tokens verified per round; or
 tree drafting with `--topk K --num-draft-tokens N`).
-Each engine runs the batch once untimed (compiles its shapes). Then `--repeats` timed passes per engine,
+Each engine runs the batch once untimed from an empty prefix cache (compiles its shapes, and lets the
+adaptive policy measure both of its paths). Then `--repeats` timed passes per engine,
 each from an empty prefix cache after a `gc.collect()`, alternating the engines in ABBA order (plain, spec,
 spec, plain, ...) so drift and order effects (caches, clocks, other load) hit both alike. Every XLA
 compilation in the process is counted (`jax.monitoring`'s backend-compile event) together with the
@@ -18,8 +19,9 @@ during a timed pass means that pass timed a compile: it is reported (`compiles_d
 about on stderr.
 Reported per batch size (one JSON line each, then a table): output tokens/s of both from the median wall
 time of their timed passes (and from the fastest pass, `*_best`), every pass's wall time, the ratio of the
-medians, pooled acc_length (completion tokens / verify rounds, last pass) and the histogram of drafts
-accepted per round. Outputs of every pass of both engines are compared token for token (greedy
+medians, pooled acc_length (completion tokens / verify rounds, last pass), the histogram of drafts
+accepted per round and the policy's choices (`--policy`, default auto: EAGLE-3 rounds vs plain decode
+steps during the timed passes). Outputs of every pass of both engines are compared token for token (greedy
 speculative decoding is lossless; repeated passes are deterministic).
 """
 
@@ -80,6 +82,12 @@ def engine_compiles(engine: Engine) -> int:
     return sum(engine.num_compiles.values())
 
 
+def policy_choices(engine: Engine) -> dict[str, int]:
+    """Decode steps so far by kind: EAGLE-3 rounds and plain steps (the adaptive policy's choices)."""
+    stats = engine.stats
+    return {k: stats[k] for k in ("round_steps", "plain_decode_steps") if k in stats}
+
+
 def timed_pass(engine: Engine, batch, params: dict, counter: CompileCounter) -> tuple[float, list[dict], int]:
     """One generate of `batch` from an empty prefix cache: (wall s, outputs, compilations during it)."""
     engine.flush_cache()
@@ -96,14 +104,19 @@ def measure(engines: dict[str, Engine], batch, output_len: int, repeats: int,
     """Untimed compile pass per engine, then `repeats` timed passes each in ABBA order. Per engine: wall
     times, outputs of the last pass, compilations during timed passes, whether all passes agreed."""
     params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
-    for engine in engines.values():
-        engine.generate(input_ids=batch, sampling_params=params)  # compile
-    res = {name: {"walls": [], "outs": None, "compiles": 0, "deterministic": True} for name in engines}
+    for engine in engines.values():  # compile, from the empty cache every timed pass starts from
+        engine.flush_cache()
+        engine.generate(input_ids=batch, sampling_params=params)
+    res = {name: {"walls": [], "outs": None, "compiles": 0, "deterministic": True, "choices": {}}
+           for name in engines}
     names = list(engines)
     for rep in range(repeats):
         for name in names if rep % 2 == 0 else names[::-1]:
+            before = policy_choices(engines[name])
             wall, outs, compiles = timed_pass(engines[name], batch, params, counter)
             r = res[name]
+            for k, n in policy_choices(engines[name]).items():
+                r["choices"][k] = r["choices"].get(k, 0) + n - before.get(k, 0)
             r["walls"].append(wall)
             r["compiles"] += compiles
             if r["outs"] is not None:
@@ -122,6 +135,10 @@ def main(argv=None) -> dict:
     p.add_argument("--topk", type=int, default=1, help="> 1: tree drafting (needs --num-draft-tokens)")
     p.add_argument("--num-draft-tokens", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3, help="timed passes per engine and batch size")
+    p.add_argument("--policy", default="auto", choices=("auto", "always"),
+                   help="--speculative-policy of the EAGLE-3 engine (auto: a round or a plain step per step)")
+    p.add_argument("--disable-batch-size", type=int, default=None,
+                   help="--speculative-disable-batch-size of the EAGLE-3 engine")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
@@ -132,6 +149,7 @@ def main(argv=None) -> dict:
     spec = Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
                   speculative_draft_model_path=draft_path, speculative_num_steps=args.num_steps,
                   speculative_eagle_topk=args.topk, speculative_num_draft_tokens=args.num_draft_tokens,
+                  speculative_policy=args.policy, speculative_disable_batch_size=args.disable_batch_size,
                   **common)
     results = {}
     with CompileCounter() as counter:
@@ -156,6 +174,7 @@ def main(argv=None) -> dict:
                    "speedup": round(med["plain"] / med["eagle3"], 3), "acc_length": round(tokens / rounds, 3),
                    "accepted_drafts_histogram": np.bincount(accepted, minlength=args.num_steps + 1).tolist(),
                    "compiles_during_timing": compiles,
+                   "policy": args.policy, "policy_choices": res["eagle3"]["choices"],
                    "identical_outputs": res["plain"]["deterministic"] and res["eagle3"]["deterministic"]
                    and [o["output_ids"] for o in outs_plain] == [o["output_ids"] for o in outs_spec]}
             if any(compiles.values()):
@@ -164,12 +183,16 @@ def main(argv=None) -> dict:
             results[bs] = row
             print(json.dumps(row), flush=True)
     print(f"\n{'batch':>5} {'plain tok/s':>12} {'(best)':>8} {'eagle3 tok/s':>13} {'(best)':>8} "
-          f"{'speedup':>8} {'acc_len':>8}  histogram")
+          f"{'speedup':>8} {'acc_len':>8} {'rounds':>7} {'plain':>6}  histogram")
     for bs, r in results.items():
+        c = r["policy_choices"]
         print(f"{bs:>5} {r['plain_tokens_per_s']:>12} {r['plain_tokens_per_s_best']:>8} "
               f"{r['eagle3_tokens_per_s']:>13} {r['eagle3_tokens_per_s_best']:>8} {r['speedup']:>8} "
-              f"{r['acc_length']:>8}  {r['accepted_drafts_histogram']}")
-    print(f"(tok/s: median of {args.repeats} timed passes per engine, ABBA order; best: fastest pass)")
+              f"{r['acc_length']:>8} {c.get('round_steps', 0):>7} {c.get('plain_decode_steps', 0):>6}  "
+              f"{r['accepted_drafts_histogram']}")
+    print(f"(tok/s: median of {args.repeats} timed passes per engine, ABBA order; best: fastest pass; "
+          f"rounds / plain: EAGLE-3 decode steps of each kind over the timed passes, policy {args.policy}; "
+          "acc_len counts a plain step as a round that accepted no draft)")
     return results
 
 
