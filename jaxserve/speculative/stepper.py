@@ -79,7 +79,7 @@ _PAD_PARAMS = SamplingParams(temperature=0.0)
 
 
 @functools.lru_cache(maxsize=16)
-def _make_fns(tgraph, dgraph, num_steps: int, topk: int, record: bool):
+def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: bool):
     """The jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and draft
     extend store the draft's `topk` best next tokens with their log-probabilities); `record`: also return
     the draft's top-1 at every extended position (diagnostics)."""
@@ -93,15 +93,21 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, record: bool):
     extend = functools.partial(extend_and_store, topk=topk, record=record)
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
-    def prefill(tparams, dparams, pools, dpool, penalties, states, emb, input_ids, next_ids, from_sample,
-                meta, sampling, dest):
+    def prefill(tparams, dparams, pools, dpool, penalties, states, emb, prev_tokens, prev_rows, input_ids,
+                next_ids, from_sample, meta, sampling, dest):
+        """Target step + sampling + draft extend over the same positions (a prefill chunk, or one decode
+        token per request: the plain step that keeps the draft usable). Tokens flagged in `prev_rows`
+        come from the previous plain step's samples `prev_tokens` (overlap); returns this step's samples
+        padded to `max_seqs` for the next one."""
+        input_ids = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], input_ids)
         logits, pools, aux = target_of(tparams)(input_ids, meta, pools)
         out = sample(logits, sampling, penalties)
         penalties = update_counts(penalties, sampling.penalty_rows, out.token_ids)
         ids = jnp.where(from_sample >= 0, out.token_ids[jnp.maximum(from_sample, 0)], next_ids)
         dpool, states, top1 = extend(draft_of(dparams), ids, aux, meta, dpool, emb, states, dest,
                                      meta.sample_idx)
-        return pools, dpool, penalties, states, out, top1
+        next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
+        return pools, dpool, penalties, states, next_tokens, out, top1
 
     @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
     def chain_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
@@ -165,6 +171,18 @@ class _Round:
     top1: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class _PlainStep:
+    """A dispatched prefill-program step: its batch, the device samples, and for diagnostics the metadata,
+    the real token count and the extend's top-1 ids."""
+
+    batch: list[ScheduledSeq]
+    out: object
+    meta: object
+    num_tokens: int
+    top1: jax.Array
+
+
 class _Costs:
     """Measured decode-step seconds per choice for one seq bucket (a running mean over the last steps)."""
 
@@ -216,8 +234,9 @@ class EagleStepper:
         self.num_reserve = max(self.num_verify, (num_steps - 1) * topk)
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
-        self._fns = functools.partial(_make_fns, tgraph, dgraph, num_steps, topk)
         self.seq_buckets = tuple(buckets.seqs)
+        self._fns = functools.partial(_make_fns, tgraph, dgraph, num_steps, topk, max(self.seq_buckets))
+        self.last_tokens = jnp.zeros(max(self.seq_buckets), jnp.int32)  # the last plain step's samples
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         # an overlapped round reaches up to 2 verify spans past the last applied position
         most_pages = min(kv.pages_for(context_length + 2 * self.num_reserve), kv.num_pages)
@@ -230,9 +249,10 @@ class EagleStepper:
         self.rows = RowPool(num_state_rows)  # which request owns which row of `states` and `shifts`
         # per state row, the last round's accepted drafts and last emitted token (read by an overlapped round)
         self.shifts = (jnp.zeros(num_state_rows, jnp.int32), jnp.zeros(num_state_rows, jnp.int32))
-        # overlapped schedule (chains): the dispatched round whose verdict the host has not applied yet
-        self.overlap = overlap and topk == 1
-        self.inflight: _Round | None = None
+        # overlapped schedule: the dispatched round (chains) or plain step whose results the host has not
+        # applied yet
+        self.overlap = overlap
+        self.inflight: _Round | _PlainStep | None = None
         self.scheduler = SpecScheduler(kv, max_tokens=max_tokens, max_running=max_running,
                                        set_penalty_row=runner.set_penalty_row,
                                        has_state=self.rows.__contains__, on_retract=self.forget)
@@ -288,12 +308,24 @@ class EagleStepper:
                                           for r in sched.running)
 
     def drain(self) -> list[Request]:
-        """Apply the round in flight, if any (its requests end at their new length). Returns finished."""
-        rnd, self.inflight = self.inflight, None
-        return self._apply(rnd, ()) if rnd is not None else []
+        """Apply the round or plain step in flight, if any (its requests end at their new length). Returns
+        the finished requests."""
+        done, self.inflight = self.inflight, None
+        if done is None:
+            return []
+        if isinstance(done, _PlainStep):
+            return self._apply_plain(done)
+        return self._apply(done, ())
 
     def prefill(self, batch: list[ScheduledSeq]) -> list[Request]:
-        inp = build_step_input(batch, self.kv, self.buckets)
+        """Dispatch a target step with the draft extend (see `_dispatch`) and apply it now."""
+        return self._apply_plain(self._dispatch(batch, None))
+
+    def _dispatch(self, batch: list[ScheduledSeq], prev: _PlainStep | None) -> _PlainStep:
+        """Dispatch the prefill program over `batch` (prefill chunks, or one-token decodes). A decode
+        whose last token is still pending (sampled by `prev`, in flight) reads it on device."""
+        prev_rows = {} if prev is None else {s.req: row for row, s in enumerate(prev.batch) if s.samples}
+        inp = build_step_input(batch, self.kv, self.buckets, prev_rows)
         num_tokens = inp.meta.num_tokens
         next_ids = np.zeros(num_tokens, np.int32)
         from_sample = np.full(num_tokens, -1, np.int32)
@@ -312,13 +344,22 @@ class EagleStepper:
                 if seq.req.spec_accept_lengths is None:
                     seq.req.spec_accept_lengths = []
         runner = self.runner
-        self.kv.pools, self.dpool, runner.penalties, self.states, out, top1 = self._fns(self.recording)[0](
+        (self.kv.pools, self.dpool, runner.penalties, self.states, self.last_tokens, out,
+         top1) = self._fns(self.recording)[0](
             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
-            inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling, dest)
+            self.last_tokens, inp.prev_rows, inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling,
+            dest)
+        return _PlainStep(batch, out, inp.meta, t, top1)
+
+    def _apply_plain(self, done: _PlainStep) -> list[Request]:
+        """Read a dispatched prefill-program step's samples and apply them (scheduler rules: requests
+        aborted, retracted or finished since are skipped). Returns the finished requests."""
+        out = done.out
         token_ids, logprobs = jax.device_get((out.token_ids, out.logprobs))
-        top = jax.device_get((out.top_ids, out.top_logprobs)) if _wants_top(s.req for s in batch) else None
-        self._record(inp.meta, t, top1)
-        finished = self.scheduler.process(batch, token_ids, logprobs, top)
+        wanted = _wants_top(s.req for s in done.batch)
+        top = jax.device_get((out.top_ids, out.top_logprobs)) if wanted else None
+        self._record(done.meta, done.num_tokens, done.top1)
+        finished = self.scheduler.process(done.batch, token_ids, logprobs, top)
         for req in finished:
             self.forget(req)
         return finished
@@ -345,16 +386,31 @@ class EagleStepper:
         """A plain decode step that keeps the draft usable: the target decodes one token per request and
         the draft extends over it with the captured hidden states (the prefill program over one-token
         sequences), so a later round starts from exactly the state a round would have left. Counts as a
-        verify round that accepted no draft in each request's `spec_accept_lengths`."""
-        finished = self.drain()
-        reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.rows],
-                               num_tokens=1)
-        if not reqs:
-            return finished
-        batch = self.scheduler.commit_decodes(reqs)
-        for req in reqs:
+        verify round that accepted no draft in each request's `spec_accept_lengths`. Overlapped (unless
+        disabled or recording diagnostics) after another plain step: dispatch this one, then apply that
+        one while the device runs this one (the plain stepper's schedule)."""
+        overlap = self.overlap and self.slot_top1 is None
+        prev = self.inflight if overlap and isinstance(self.inflight, _PlainStep) else None
+        finished = [] if prev is not None else self.drain()
+
+        def live(rs: list[Request]) -> list[Request]:  # a request whose last token is in flight is done
+            return [r for r in rs
+                    if r.status is Status.RUNNING and r in self.rows and not r.last_token_in_flight]
+
+        room = self._make_room(live(reqs), num_tokens=1, retract=prev is None)
+        if room is None:  # short with a step in flight: apply it, then make room retracting if need be
+            finished, prev = self.drain(), None
+            room = self._make_room(live(reqs), num_tokens=1)
+        if not room:
+            return finished + self.drain()
+        batch = self.scheduler.commit_decodes(room)
+        for req in room:
             req.spec_accept_lengths.append(0)
-        return finished + self.prefill(batch)
+        step = self._dispatch(batch, prev)
+        if not overlap:
+            return finished + self._apply_plain(step)
+        self.inflight = step
+        return finished + (self._apply_plain(prev) if prev is not None else [])
 
     @property
     def accept_rate(self) -> float | None:
@@ -395,8 +451,14 @@ class EagleStepper:
     def decode(self, reqs: list[Request]) -> list[Request]:
         """One round for `reqs`. Overlapped (chains, unless disabled or recording diagnostics): dispatch this
         round, then apply the previous one while the device runs this one; its requests that finished there
-        ran this round for nothing, and their results here are dropped. Otherwise dispatch and apply."""
-        if self.overlap and self.slot_top1 is None and not any(r.grammar is not None for r in reqs):
+        ran this round for nothing, and their results here are dropped. Otherwise dispatch and apply. A
+        plain step in flight is applied first."""
+        if isinstance(self.inflight, _PlainStep):
+            finished = self.drain()
+            reqs = [r for r in reqs if r.status is Status.RUNNING and r in self.rows]
+            return finished + (self.decode(reqs) if reqs else [])
+        if self.overlap and self.tree is None and self.slot_top1 is None and \
+                not any(r.grammar is not None for r in reqs):
             prev = self.inflight
             room = self._make_room(reqs, prev, retract=False)
             if room:  # else (a full pool): apply the round in flight and go on synchronously, retracting

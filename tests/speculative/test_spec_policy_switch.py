@@ -56,3 +56,28 @@ def test_policy_auto_runs_both_paths_and_stays_lossless():
     assert engine.stats["plain_decode_steps"] > 0 and engine.stats["round_steps"] > 0
     engine.check_memory()
     engine.flush_cache()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_plain_steps_under_eagle_equal_the_plain_engine_for_sampled_requests(overlap):
+    """With every decode step plain (disable batch size 1), the EAGLE-3 engine samples exactly what the
+    plain engine samples (same rows, same keys), penalties and seeded sampling included; overlapped, a
+    plain step is in flight while the host applies the previous one."""
+    prompts = sp.shared_prefix_prompts(seed=21, n=4)
+    params = [{**GREEDY, "max_new_tokens": 20},
+              {"temperature": 0.9, "top_p": 0.9, "max_new_tokens": 24, "seed": 3},
+              {"temperature": 1.1, "top_k": 5, "max_new_tokens": 13, "seed": 4, "frequency_penalty": 0.7},
+              {**GREEDY, "max_new_tokens": 17, "presence_penalty": 0.8}]
+    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    engine = sp.engine("llama", num_steps=3, speculative_disable_batch_size=1,
+                       disable_overlap_schedule=not overlap)
+    rids = [engine.submit(input_ids=p, sampling_params=q) for p, q in zip(prompts, params, strict=True)]
+    seen_in_flight = False
+    while not engine.idle:
+        engine.step()
+        seen_in_flight |= engine.stepper.inflight is not None
+    assert seen_in_flight == overlap
+    assert [engine.output(r)["output_ids"] for r in rids] == [o["output_ids"] for o in plain]
+    assert engine.stats["round_steps"] == 0 and engine.stats["plain_decode_steps"] > 0
+    engine.check_memory()
+    engine.flush_cache()
