@@ -30,17 +30,25 @@ The host then appends the a accepted drafts plus the correction or bonus token, 
 pages past the new end n + a + 1, and finishes the requests a stop rule ended: their draft KV is already
 extended, so every position the tree caches has draft KV computed with its true next token.
 
-Overlapped schedule (chains; the default unless `disable_overlap_schedule`): a decode step dispatches
+Plain step (adaptive speculation, `policy.choose_draft_steps`): per decode step the stepper runs either a
+round or a plain step, from the running batch size and what it measured (seconds per step of each kind
+in this batch-size bucket, acceptance so far). A plain step is the prefill program over one token per
+request: the target decodes `x` at position n and samples `y`, and the draft extends at position n with
+`y` and the captured states, leaving exactly the state a round would have left (n + 1 computed, `y`
+known, its `d1` stored). Switching back to rounds therefore costs nothing and stays lossless. Plain steps
+overlap like the plain stepper's: a plain step after a plain step reads its pending last token on device.
+
+Overlapped rounds (chains; the default unless `disable_overlap_schedule`): a decode step dispatches
 round t+1 before reading round t's verdict, then applies round t while the device runs t+1, so the host's
 bookkeeping hides behind device work. Round t+1 is built for each request as if every draft of round t were
 accepted (start n + S + 1, slots allocated that far) and moved back on device (`shift.shift_meta`) by what
 round t accepted; its last token and output count come from round t's verdict too (kept per state row in
 `shifts`). A request that finished in round t ran round t+1 for nothing: its results there are dropped, its
 slots are already back (device order keeps the late writes ahead of any reuse). A prefill, or nothing left
-to decode, first applies the round in flight (`drain`). Tree drafting, `record_draft_top1` and rounds
-with a grammar-constrained request run synchronously; such a request verifies no draft (its grammar's mask
-is known at the root only), so its output is exactly constrained decoding's. Sampled outputs are the same
-under both schedules (same rounds, same keys).
+to decode, or a switch between rounds and plain steps, first applies the step in flight (`drain`). Tree
+rounds, `record_draft_top1` and steps with a grammar-constrained request run synchronously; such a request
+verifies no draft in a round (its grammar's mask is known at the root only), so its output is exactly
+constrained decoding's. Sampled outputs are the same under both schedules (same steps, same keys).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
