@@ -18,7 +18,7 @@ RANKS = {
     "memory": 1, "layers": 2, "sampling": 2, "assets": 2, "models": 3, "loader": 4, "engine": 5,
     "speculative": 6, "api": 7, "server": 8,
     "bench": 9, "training": 9, "test": 9, "bench_serving": 9, "launch_server": 9, "cache_demo": 9,
-    "__main__": 9,
+    "__main__": 9, "convert": 9,
 }
 
 

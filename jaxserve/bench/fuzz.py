@@ -115,12 +115,11 @@ class EngineUnderTest:
         self.kv = KVCache(_model_config(cfg), num_pages=cfg.num_pages, page_size=cfg.page_size,
                           kv_dtype=np.float32, disable_radix_cache=not cfg.radix,
                           swa_num_pages=cfg.num_pages, eagle=cfg.eagle)
-        scheduler_cls = SpecScheduler if cfg.eagle else Scheduler
-        self.scheduler = scheduler_cls(self.kv, max_tokens=cfg.max_tokens, max_running=cfg.max_running)
-        self.decoding: set[Request] = set()  # eagle: requests past their prefill (the worker's draft state)
-        if cfg.eagle:
-            self.scheduler.has_state = self.decoding.__contains__
-            self.scheduler.on_retract = self.decoding.discard
+        self.decoding: set[Request] = set()  # eagle: requests past their prefill (the stepper's draft state)
+        sizes = dict(max_tokens=cfg.max_tokens, max_running=cfg.max_running)
+        self.scheduler = SpecScheduler(self.kv, has_state=self.decoding.__contains__,
+                                       on_retract=self.decoding.discard, **sizes) if cfg.eagle \
+            else Scheduler(self.kv, **sizes)
         total = (cfg.num_pages + 1) * cfg.page_size
         self.pool_tokens = np.full(total, _UNWRITTEN, np.int64)
         self.swa_tokens = np.full(total, _UNWRITTEN, np.int64)
@@ -281,11 +280,7 @@ class EngineUnderTest:
                     finished = True
                     break
             end = n + accepted + 1
-            slots = req.cached.kv_slots
-            tail = slots[kv.pages_for(end) * kv.page_size:]
-            if tail.shape[0]:
-                kv.allocator.free(tail)
-            req.cached.kv_slots = slots[:end]
+            kv.shrink(req.cached, end)
             req.num_computed = end
             if finished:
                 sched.finish(req)
