@@ -82,6 +82,20 @@ def engine_compiles(engine: Engine) -> int:
     return sum(engine.num_compiles.values())
 
 
+def warm(engine: Engine, batch, params: dict) -> None:
+    """The untimed pass(es), each from an empty prefix cache. An adaptive EAGLE-3 engine runs the batch
+    once with rounds only and once with plain steps only (so both paths have compiled every shape the
+    timed passes can reach, whatever the policy picks where), then once under its own policy (so it has
+    measured both)."""
+    policy = getattr(engine.stepper, "policy", None)
+    forced = ("always", "never") if policy == "auto" else ()
+    for p in (*forced, policy):
+        if p is not None:
+            engine.stepper.set_policy(p)
+        engine.flush_cache()
+        engine.generate(input_ids=batch, sampling_params=params)
+
+
 def policy_choices(engine: Engine) -> dict[str, int]:
     """Decode steps so far by kind: EAGLE-3 rounds and plain steps (the adaptive policy's choices)."""
     stats = engine.stats
@@ -105,8 +119,7 @@ def measure(engines: dict[str, Engine], batch, output_len: int, repeats: int,
     times, outputs of the last pass, compilations during timed passes, whether all passes agreed."""
     params = {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True}
     for engine in engines.values():  # compile, from the empty cache every timed pass starts from
-        engine.flush_cache()
-        engine.generate(input_ids=batch, sampling_params=params)
+        warm(engine, batch, params)
     res = {name: {"walls": [], "outs": None, "compiles": 0, "deterministic": True, "choices": {}}
            for name in engines}
     names = list(engines)
@@ -135,7 +148,7 @@ def main(argv=None) -> dict:
     p.add_argument("--topk", type=int, default=1, help="> 1: tree drafting (needs --num-draft-tokens)")
     p.add_argument("--num-draft-tokens", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3, help="timed passes per engine and batch size")
-    p.add_argument("--policy", default="auto", choices=("auto", "always"),
+    p.add_argument("--policy", default="auto", choices=("auto", "always", "never"),
                    help="--speculative-policy of the EAGLE-3 engine (auto: a round or a plain step per step)")
     p.add_argument("--disable-batch-size", type=int, default=None,
                    help="--speculative-disable-batch-size of the EAGLE-3 engine")

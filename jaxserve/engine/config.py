@@ -40,9 +40,10 @@ class ServerArgs:
     grammar_backend: "llguidance" (default: json_schema / regex / ebnf sampling parameters constrain the
     output) or "none" (such requests are refused).
     speculative_policy: "auto" (each decode step is an EAGLE-3 round or a plain step that keeps the draft
-    usable, whichever measured more tokens per second at the running batch size) or "always" (a round
-    every step). speculative_disable_batch_size: decode plainly at this many decoding requests or more
-    (a fixed threshold, under either policy; None: no threshold).
+    usable, whichever measured more tokens per second at the running batch size), "always" (a round
+    every step) or "never" (plain steps only, the draft kept usable). speculative_disable_batch_size:
+    decode plainly at this many decoding requests or more (a fixed threshold, under any policy; None: no
+    threshold).
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
     bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
     with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
@@ -107,8 +108,9 @@ class ServerArgs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"server arg {name}={value!r} must be an int >= 1")
-        if self.speculative_policy not in ("auto", "always"):
-            raise ValueError(f"speculative_policy={self.speculative_policy!r}; choose 'auto' or 'always'")
+        if self.speculative_policy not in ("auto", "always", "never"):
+            raise ValueError(f"speculative_policy={self.speculative_policy!r}; choose 'auto', 'always' or "
+                             "'never'")
         if self.speculative_disable_batch_size is not None and self.speculative_disable_batch_size < 1:
             raise ValueError(f"speculative_disable_batch_size={self.speculative_disable_batch_size}: "
                              "give a batch size >= 1 (or leave it unset)")

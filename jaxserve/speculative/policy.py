@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-POLICIES = ("auto", "always")
+POLICIES = ("auto", "always", "never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,9 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
     and the configured num_steps, maybe more).
 
     `disable_batch_size`: at this many decoding requests or more, always 0 (a fixed override, any policy).
-    `policy="always"`: otherwise the largest option. `policy="auto"`: the previous choice is kept until it
-    ran `min_run` steps in a row (so that it gets measured in steady state); then an option with fewer
+    `policy="always"`: otherwise the largest option; `policy="never"`: 0. `policy="auto"`: the previous
+    choice is kept until it ran `min_run` steps in a row (so that it gets measured in steady state); then
+    an option with fewer
     than `min_samples` measurements, or not tried for `reprobe_after` steps, is tried (largest first);
     else the option with the most expected tokens per second, where a speculative option must beat plain
     decoding by `margin` (so noise does not flip a tie towards the costlier path). `accept_rate` None
@@ -65,6 +66,8 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
     largest = max(options)
     if policy == "always":
         return largest
+    if policy == "never":
+        return 0
     if costs.last in options and costs.run_length < min_run:
         return costs.last
     for k in sorted(options, reverse=True):

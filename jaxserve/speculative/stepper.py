@@ -281,6 +281,12 @@ class EagleStepper:
 
             self.tree = TreeDrafter(self, tgraph, dgraph)
 
+    def set_policy(self, policy: str) -> None:
+        """Switch the speculation policy (`policy.POLICIES`) from the next decode step on; what was measured
+        is kept."""
+        choose_draft_steps(1, options=self.options, policy=policy)  # refuses an unknown policy
+        self.policy = policy
+
     # ------------------------------------------------------------------ steps
     @property
     def idle(self) -> bool:

@@ -9,6 +9,8 @@ import pytest
 
 from jaxserve.bench import fuzz as fz
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 def test_100k_ops_over_every_configuration_keep_every_rule():
     report = fz.fuzz(100_000, seed=20261202)

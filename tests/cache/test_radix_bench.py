@@ -9,6 +9,8 @@ import pytest
 
 from jaxserve.bench import cache as bench
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 ROWS = [(kind, p, e) for kind in ("full", "swa") for p in (1, 16) for e in (False, True)]
 
 

@@ -6,6 +6,8 @@ from jaxserve.engine import InvalidRequestError, PromptTooLongError, RequestTooL
 from jaxserve.sampling import InvalidSamplingParamsError
 from tests.engine.conftest import assert_no_leak, make_engine, prompts
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 @pytest.fixture(scope="module")
 def engine(llama):

@@ -21,6 +21,7 @@ class FakeEngine:
         self.runner = types.SimpleNamespace(num_compiles=0)
         self.num_compiles = {"step": 0}
         self.stats: dict[str, int] = {}
+        self.stepper = types.SimpleNamespace()  # a plain engine's stepper: no speculation policy
         self.fn = jax.jit(lambda x: x + 1)
 
     def flush_cache(self) -> bool:

@@ -17,6 +17,8 @@ from jaxserve.layers.backends import (
 )
 from tests.engine.conftest import prompts
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 
 

@@ -4,7 +4,9 @@ import pytest
 
 from tests.engine.conftest import hf_greedy, make_engine, prompts
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 10, "ignore_eos": True}
 
 

@@ -7,6 +7,8 @@ from jaxserve.engine import EngineBusyError
 from jaxserve.engine.request import Status
 from tests.engine.conftest import assert_no_leak, make_engine, prompts
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
 
 

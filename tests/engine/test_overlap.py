@@ -5,6 +5,8 @@ import pytest
 from jaxserve.engine.request import Status
 from tests.engine.conftest import assert_no_leak, make_engine, prompts
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 @pytest.fixture(scope="module")
 def engines(llama):

@@ -6,6 +6,8 @@ import pytest
 
 from tests.engine.conftest import assert_no_leak, make_engine, prompts
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
 
 

@@ -7,6 +7,8 @@ from jaxserve.loader.tokenizer import HFTokenizer
 from tests.engine.conftest import hf_greedy, make_engine, prompts
 from tests.models.helpers import hf_logits
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 SAMPLED = {"temperature": 0.9, "top_k": 40, "top_p": 0.9, "min_p": 0.01, "max_new_tokens": 16,
            "ignore_eos": True}
 

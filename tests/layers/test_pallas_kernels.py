@@ -36,6 +36,8 @@ from jaxserve.memory.kv_pool import make_kv_pool, write_kv
 from jaxserve.server.attention_choice import best_backend, resolve_attention_backend
 from tests.layers.pallas_cases import SEQ, SEQS, Layout, fit, ragged_case, run_native
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 KERNELS = ["pallas_tpu", "pallas_gpu"]
 
 

@@ -5,7 +5,8 @@ import pytest
 
 from jaxserve.layers.rotary import RopeParams, RotaryEmbedding, compute_inv_freq
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
 
 HEAD_DIM = 64
 CASES = {

@@ -28,7 +28,7 @@ from tests.models.helpers import (
     rel_error,
 )
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

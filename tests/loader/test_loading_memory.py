@@ -27,6 +27,8 @@ sys.path.insert(0, sys.argv[2])
 import jax
 from jaxserve.loader.load import load_model
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 def status(key):
     line = next(l for l in open("/proc/self/status") if l.startswith(key + ":"))
     return int(line.split()[1]) * 1024

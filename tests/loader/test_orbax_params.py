@@ -106,6 +106,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxserve.loader.load import load_model
 from tests.models.helpers import Runner, full_logits, random_ids
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Auto,))
 
 def sharding_for(path, shape):  # split every matrix with an even last axis, replicate the rest

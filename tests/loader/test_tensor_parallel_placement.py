@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
 
 SCRIPT = r"""
 import os, sys

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from jaxserve.bench import memory as bench
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 
 def test_write_timing_and_allocator_table_run_on_tiny_pools() -> None:

@@ -22,6 +22,8 @@ from tests.models.helpers import (
     rel_error,
 )
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 WINDOW = 8
 # query_pre_attn_scalar != head_dim, so the default head_dim ** -0.5 scale would fail parity; soft-caps
 # far below Gemma 2's released 50/30 so that they bend these tiny models' scores and logits visibly.

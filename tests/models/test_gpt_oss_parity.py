@@ -20,6 +20,8 @@ from tests.models.helpers import (
     rel_error,
 )
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 WINDOW = 8
 AUX_LAYERS = (0, 1)  # EAGLE-3 captures gpt-oss layers' outputs
 CONFIG = dict(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW, num_local_experts=4,

@@ -17,7 +17,8 @@ from tests.models.helpers import (
     rel_error,
 )
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
 
 LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=16)  # wavelengths > 16 positions get scaled

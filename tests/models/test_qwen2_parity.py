@@ -17,7 +17,9 @@ from tests.models.helpers import (
     rel_error,
 )
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
+
 WINDOW = 6
 
 

@@ -9,6 +9,8 @@ from jaxserve.models.build import random_model
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.step import make_forward
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128, hidden_size=32,
               intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               rms_norm_eps=1e-6, rope_theta=10000.0)

@@ -9,6 +9,8 @@ import pytest
 
 from tests.server.conftest import ENGINE_FLAGS, ServerProcess, flags_of
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 KEY = "sk-test-key"
 
 

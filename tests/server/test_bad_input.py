@@ -8,6 +8,8 @@ import pytest
 
 from tests.server.conftest import assert_kv_baseline
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0, "max_new_tokens": 2}
 # (case id, method, path, body, expected status, substring of the message). A body is JSON (dict), raw bytes,
 # or a function of the model's facts (vocab_size V, context_length C) returning either; messages may name

@@ -11,6 +11,8 @@ import pytest
 from jaxserve import bench_serving
 from jaxserve.bench.serving_data import random_requests, shared_prefix_requests
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 def test_datasets_are_deterministic_and_shaped_as_asked():
     a = random_requests(20, input_len=30, output_len=8, range_ratio=0.5, vocab_size=100, seed=3)

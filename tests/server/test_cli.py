@@ -19,6 +19,8 @@ from jaxserve.server.args import UnsupportedFlagError, parse_launch_args
 from jaxserve.server.launch import LaunchError, resolve_model
 from tests.server.conftest import ENGINE_FLAGS, ROOT, ServerProcess, flags_of
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 SERVER_ARGS_FIELDS = {f.name for f in dataclasses.fields(ServerArgs)}
 SPEC_SUPPORTED = "speculative_algorithm" in SERVER_ARGS_FIELDS
 

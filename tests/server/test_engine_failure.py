@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 
 from jaxserve.api import Engine
 from jaxserve.server import create_app
 from jaxserve.server.engine_loop import MAX_STEP_FAILURES
 from tests.server.conftest import ENGINE_FLAGS
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 

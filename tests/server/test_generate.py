@@ -5,7 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
+
 from tests.server.conftest import assert_kv_baseline, memory
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 PROMPT = "Human: Give me a fully functional FastAPI server. Show the python code.\n\nAssistant:"
 META_KEYS = {"id", "prompt_tokens", "completion_tokens", "cached_tokens", "spec_verify_ct", "finish_reason",

@@ -13,6 +13,8 @@ import pytest
 from tests.server.checkpoint import write_tiny_checkpoint
 from tests.server.conftest import ENGINE_FLAGS, ServerProcess, assert_kv_baseline, flags_of
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 FLAGS = {**ENGINE_FLAGS, "swa_full_tokens_ratio": 0.5}
 
 

@@ -8,9 +8,12 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import assert_kv_baseline
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 NUM_REQUESTS = 64
 

@@ -10,6 +10,8 @@ import jinja2
 import openai
 import pytest
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Hello server!"}]
 

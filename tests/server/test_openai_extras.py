@@ -13,6 +13,8 @@ import pytest
 from tests.server.conftest import assert_kv_baseline, memory
 from tests.server.test_openai import chat_ids
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 MESSAGES = [{"role": "user", "content": "Hello server!"}]
 BAD = [
     ({"prompt": ["a"] * 65, "n": 4}, "at most 256"),

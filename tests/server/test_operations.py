@@ -20,6 +20,8 @@ from jaxserve.server.args import parse_launch_args
 from jaxserve.server.launch import banner, with_random_seed
 from tests.server.conftest import ENGINE_FLAGS
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 

@@ -22,6 +22,8 @@ from tests.server.conftest import ServerProcess
 from tests.server.test_cli import run_send_one
 from tests.server.test_load import scrape
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 PR_SERVER_FLAGS = ["--attention-backend", "triton", "--speculative-algorithm", "EAGLE3",
                    "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
                    "--speculative-num-draft-tokens", "3"]

@@ -18,6 +18,8 @@ from tests.server.conftest import ENGINE_FLAGS, ServerProcess, flags_of
 from tests.server.test_cli import run_send_one
 from tests.server.test_load import scrape
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 WORDS = ["You", "are", "a", "helpful,", "respectful", "and", "honest", "assistant"]
 # A long shared system text so that the growing prompts span whole pages (page size 16 in these tests).
 SYSTEM = "Always answer as helpfully as possible, while being safe. " * 3

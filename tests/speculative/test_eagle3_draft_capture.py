@@ -11,6 +11,8 @@ from tests.models.helpers import Runner, full_logits
 from tests.speculative.eagle3_helpers import tiny_draft_config
 from tests.training.tiny import tiny_config, tiny_model
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 @pytest.mark.hf
 def test_captured_states_are_outputs_of_the_listed_target_layers(tmp_path):

@@ -3,9 +3,12 @@ chain: step-0 draft-extend over the prefix, then steps fed with the draft's own 
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxserve.training.draft import ttt_losses, ttt_unroll
 from tests.speculative.eagle3_helpers import AUX_IDS, HIDDEN, VOCAB, run_paged, tiny_draft
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 NUM_STEPS = 3
 LENGTH = 14

@@ -33,9 +33,11 @@ def test_disable_batch_size_overrides_every_policy():
     assert choose_draft_steps(7, options=(0, 3), policy="always", disable_batch_size=8) == 3
 
 
-def test_always_speculates_with_the_most_draft_steps():
+def test_always_speculates_with_the_most_draft_steps_and_never_does_not():
     slow_rounds = _measured({0: 0.001, 3: 1.0})
     assert choose_draft_steps(64, options=(0, 2, 3), policy="always", costs=slow_rounds) == 3
+    fast_rounds = _measured({0: 1.0, 3: 0.001})
+    assert choose_draft_steps(1, options=(0, 3), policy="never", accept_rate=1.0, costs=fast_rounds) == 0
 
 
 def test_auto_tries_each_option_until_measured_largest_first():

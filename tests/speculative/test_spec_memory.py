@@ -9,6 +9,8 @@ import pytest
 
 from tests.speculative import spec_pairs as sp
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0}
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from tests.speculative import spec_pairs as sp
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0}
 TREE = dict(num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)
 

@@ -45,8 +45,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 PAIR_DIR = Path(os.environ.get("JAXSERVE_SPEC_PAIR_DIR", EMBEDDED_MODEL_DIR))
 

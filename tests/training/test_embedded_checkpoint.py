@@ -2,6 +2,7 @@
 draft head reads the captured layers its config names. Skipped until the checkpoint has been trained."""
 
 import numpy as np
+import pytest
 
 from jaxserve.loader.load import load_model
 from jaxserve.loader.tokenizer import HFTokenizer
@@ -9,6 +10,8 @@ from jaxserve.speculative.eagle3_checkpoint import load_eagle3_draft
 from jaxserve.training.export import EMBEDDED_DIR, SIZE_BUDGET_BYTES, directory_bytes
 from tests.models.helpers import Runner, full_logits
 from tests.server.test_pr11231_verbatim import PREFIX_PROMPTS, TEST_PROMPT
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 
 def test_embedded_checkpoint_is_shipped():

@@ -10,6 +10,8 @@ from jaxserve.loader.tokenizer import HFTokenizer
 from jaxserve.speculative.eagle3_checkpoint import load_eagle3_draft
 from jaxserve.training import corpus, draft, export, target, tokenizer
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):

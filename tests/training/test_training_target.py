@@ -10,6 +10,8 @@ from jaxserve.training.export import save_hf_checkpoint
 from tests.models.helpers import Runner, full_logits, hf_logits, rel_error
 from tests.training.tiny import WINDOW, tiny_config, tiny_model
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 SEQ_LEN = 24  # > WINDOW: the sliding layers' window is active
 
 
