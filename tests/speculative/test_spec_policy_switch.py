@@ -83,3 +83,24 @@ def test_plain_steps_under_eagle_equal_the_plain_engine_for_sampled_requests(ove
     assert engine.stats["round_steps"] == 0 and engine.stats["plain_decode_steps"] > 0
     engine.check_memory()
     engine.flush_cache()
+
+
+def test_abort_while_a_plain_step_is_in_flight_leaks_nothing():
+    """Overlapped plain steps: aborting a request whose step is in flight frees its KV and draft row now;
+    the others finish with the plain engine's output."""
+    prompts = sp.shared_prefix_prompts(seed=23, n=3)
+    params = {**GREEDY, "max_new_tokens": 16}
+    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    engine = sp.engine("llama", num_steps=3, speculative_disable_batch_size=1)
+    rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts]
+    while len(engine.request(rids[1]).output_ids) < 5:
+        engine.step()
+    assert engine.stepper.inflight is not None
+    engine.abort(rids[1])
+    assert engine.request(rids[1]) not in engine.stepper.rows
+    engine.run_until_idle()
+    assert [engine.output(r)["output_ids"] for r in (rids[0], rids[2])] == [plain[0]["output_ids"],
+                                                                             plain[2]["output_ids"]]
+    assert not engine.stepper.rows
+    engine.check_memory()
+    engine.flush_cache()
