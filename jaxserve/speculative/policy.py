@@ -6,6 +6,11 @@ tokens per request, the draft extend), and it pays off only while the tokens it 
 that cost. At batch 1 the step is bound by fixed per-step costs and a round is almost free; at large batches
 the device is busy with the verify's extra tokens and a round can lose to plain decoding.
 
+Small batches (fewer than `timed_from_batch_size` decoding requests) are decided from acceptance alone:
+there a round costs about what a plain step costs (the step is bound by fixed per-step work), so it pays
+whenever drafts are accepted at all; and a decision without timings gives the same steps to the same
+requests on every run.
+
 The model: drafts are accepted left to right, each with probability `accept_rate` given its parent was, so
 a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on average. The stepper
 measures the seconds a decode step takes for each choice and batch-size bucket (steps that compiled are
@@ -45,12 +50,16 @@ def expected_tokens(num_draft_steps: int, accept_rate: float) -> float:
 def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str = "auto",
                        disable_batch_size: int | None = None, accept_rate: float | None = None,
                        costs: StepCosts = StepCosts(), min_samples: int = 3, reprobe_after: int = 64,
-                       min_run: int = 3, margin: float = 0.05) -> int:
+                       min_run: int = 3, margin: float = 0.05, timed_from_batch_size: int = 4,
+                       min_small_batch_tokens: float = 1.25) -> int:
     """The draft steps for the next decode step of `batch_size` requests, one of `options` (which holds 0
     and the configured num_steps, maybe more).
 
     `disable_batch_size`: at this many decoding requests or more, always 0 (a fixed override, any policy).
-    `policy="always"`: otherwise the largest option; `policy="never"`: 0. `policy="auto"`: the previous
+    `policy="always"`: otherwise the largest option; `policy="never"`: 0. `policy="auto"` below
+    `timed_from_batch_size` requests: the largest option while it emits `min_small_batch_tokens` per
+    request or more on average (or no round was measured, or none ran for `reprobe_after` steps), else 0.
+    `policy="auto"` from `timed_from_batch_size` requests on: the previous
     choice is kept until it ran `min_run` steps in a row (so that it gets measured in steady state); then
     an option with fewer
     than `min_samples` measurements, or not tried for `reprobe_after` steps, is tried (largest first);
@@ -68,6 +77,10 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
         return largest
     if policy == "never":
         return 0
+    if batch_size < timed_from_batch_size:  # acceptance alone (module docstring), re-tried now and then
+        if accept_rate is None or costs.since_tried.get(largest, reprobe_after) >= reprobe_after:
+            return largest
+        return largest if expected_tokens(largest, accept_rate) >= min_small_batch_tokens else 0
     if costs.last in options and costs.run_length < min_run:
         return costs.last
     for k in sorted(options, reverse=True):

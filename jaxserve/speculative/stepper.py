@@ -290,12 +290,13 @@ class EagleStepper:
     # ------------------------------------------------------------------ steps
     @property
     def idle(self) -> bool:
-        """Nothing queued or running and no round in flight."""
+        """Nothing queued or running and no round or plain step in flight."""
         return self.scheduler.idle and self.inflight is None
 
     def step(self) -> list[Request]:
-        """One prefill step if anything is to prefill, else one decode round. Returns finished requests.
-        A round still in flight is applied first when a prefill comes (or nothing is left to decode)."""
+        """One prefill step if anything is to prefill, else one decode step (a round or a plain step, as the
+        policy chooses). Returns finished requests. A step still in flight is applied first when a prefill
+        comes (or nothing is left to decode)."""
         self.stats["steps"] += 1
         finished = []
         if self.inflight is not None and self._prefill_pending():

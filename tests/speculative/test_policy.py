@@ -41,25 +41,25 @@ def test_always_speculates_with_the_most_draft_steps_and_never_does_not():
 
 
 def test_auto_tries_each_option_until_measured_largest_first():
-    assert choose_draft_steps(1, options=(0, 3)) == 3
+    assert choose_draft_steps(8, options=(0, 3)) == 3
     half = StepCosts(seconds={3: 0.01}, samples={3: 3}, since_tried={3: 0}, last=3, run_length=3)
-    assert choose_draft_steps(1, options=(0, 3), accept_rate=0.9, costs=half) == 0
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.9, costs=half) == 0
 
 
 def test_auto_keeps_a_fresh_choice_for_min_run_steps():
     costs = StepCosts(seconds={0: 0.001, 3: 1.0}, samples={0: 9, 3: 9}, since_tried={0: 2, 3: 0}, last=3,
                       run_length=1)
-    assert choose_draft_steps(1, options=(0, 3), accept_rate=0.5, costs=costs, min_run=3) == 3
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.5, costs=costs, min_run=3) == 3
     done = StepCosts(**{**costs.__dict__, "run_length": 3})
-    assert choose_draft_steps(1, options=(0, 3), accept_rate=0.5, costs=done, min_run=3) == 0
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.5, costs=done, min_run=3) == 0
 
 
 def test_auto_reprobes_an_option_not_tried_for_a_while():
     costs = StepCosts(seconds={0: 0.001, 3: 1.0}, samples={0: 9, 3: 9}, since_tried={0: 0, 3: 64},
                       last=0, run_length=20)
-    assert choose_draft_steps(1, options=(0, 3), accept_rate=0.5, costs=costs, reprobe_after=64) == 3
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.5, costs=costs, reprobe_after=64) == 3
     costs = StepCosts(**{**costs.__dict__, "since_tried": {0: 0, 3: 63}})
-    assert choose_draft_steps(1, options=(0, 3), accept_rate=0.5, costs=costs, reprobe_after=64) == 0
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.5, costs=costs, reprobe_after=64) == 0
 
 
 @settings(max_examples=300, deadline=None)
@@ -78,7 +78,20 @@ def test_auto_picks_the_most_tokens_per_second(rate, t0, t2, t3, margin):
 
 
 def test_auto_without_acceptance_prefers_plain():
-    assert choose_draft_steps(1, options=(0, 3), accept_rate=None, costs=_measured({0: 0.01, 3: 0.0101})) == 0
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=None, costs=_measured({0: 0.01, 3: 0.0101})) == 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_auto_at_small_batches_decides_from_acceptance_alone(batch_size):
+    """Timings do not matter below 4 requests (deterministic steps); low acceptance turns rounds off,
+    and they are re-tried after `reprobe_after` steps."""
+    slow_rounds = _measured({0: 0.001, 3: 1.0})
+    assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=None, costs=slow_rounds) == 3
+    assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=0.3, costs=slow_rounds) == 3  # 1.42
+    fast_rounds = _measured({0: 1.0, 3: 0.001})
+    assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=0.1, costs=fast_rounds) == 0  # 1.11
+    stale = StepCosts(**{**fast_rounds.__dict__, "since_tried": {0: 0, 3: 64}})
+    assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=0.1, costs=stale) == 3
 
 
 def test_bad_arguments_are_refused():
