@@ -17,6 +17,8 @@ from jaxserve.models.build import abstract_model
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.weight_spec import transpose
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=4000, hidden_size=512,
               intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
               rope_theta=10000.0)
@@ -27,7 +29,6 @@ sys.path.insert(0, sys.argv[2])
 import jax
 from jaxserve.loader.load import load_model
 
-pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 def status(key):
     line = next(l for l in open("/proc/self/status") if l.startswith(key + ":"))

@@ -22,6 +22,8 @@ from jaxserve.loader.load import load_model
 from jaxserve.loader.orbax_params import is_orbax_checkpoint
 from tests.models.helpers import Runner, full_logits, make_hf_checkpoint, random_ids
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -106,7 +108,6 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from jaxserve.loader.load import load_model
 from tests.models.helpers import Runner, full_logits, random_ids
 
-pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Auto,))
 

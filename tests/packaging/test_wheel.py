@@ -22,13 +22,14 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT, NUM_TOKENS = "The os module provides", 8
 GENERATE = f"""
 import importlib.util, json, jaxserve
 from jaxserve import Engine
 
-pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 out = Engine().generate({PROMPT!r}, {{"max_new_tokens": {NUM_TOKENS}, "temperature": 0}})
 leaked = [m for m in ("torch", "transformers", "pytest") if importlib.util.find_spec(m)]
 print(json.dumps({{"file": jaxserve.__file__, "ids": out["output_ids"], "leaked": leaked}}))

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jaxserve.server import compile_cache
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +28,6 @@ else:
 log = compile_cache.CompileLog().install()
 import jax, jax.numpy as jnp
 
-pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 before = (log.num_compiles, log.num_cache_hits)
 jax.jit(lambda x: jnp.sin(x) * 3 + jnp.float32(0.25))(jnp.arange(7, dtype=jnp.float32)).block_until_ready()
 print(json.dumps({"compiles": log.num_compiles - before[0], "hits": log.num_cache_hits - before[1]}))

@@ -17,7 +17,6 @@ reports every error with the line it came from.
 ```python
 import fastthing
 
-pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 fastthing.load("a.toml")
 ```
 
