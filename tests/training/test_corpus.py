@@ -16,7 +16,6 @@ reports every error with the line it came from.
 
 ```python
 import fastthing
-
 fastthing.load("a.toml")
 ```
 
