@@ -19,8 +19,8 @@ import argparse
 import json
 import time
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 
 PROMPTS = ["The quick brown fox", "Hello world", "def main():", "Question: what is the capital of France?"]
 REGEX = "[a-z ]+"

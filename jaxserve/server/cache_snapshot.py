@@ -32,6 +32,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxserve.speculative.stepper import EagleStepper
+
 logger = logging.getLogger("jaxserve.cache_snapshot")
 
 FORMAT_VERSION = 1
@@ -90,9 +92,8 @@ def _pool_groups(engine) -> dict[str, Any]:
     """The engine's KV pools by snapshot name: `full`, and `swa` / `draft` when present."""
     pools = engine.kv.pools
     groups = {"full": pools.full, "swa": pools.swa} if engine.kv.hybrid else {"full": pools}
-    spec = getattr(engine, "spec", None)
-    if spec is not None:
-        groups["draft"] = spec.dpool
+    if isinstance(engine.stepper, EagleStepper):
+        groups["draft"] = engine.stepper.dpool
     return groups
 
 
@@ -100,7 +101,7 @@ def _set_pool_groups(engine, groups: dict[str, Any]) -> None:
     kv = engine.kv
     kv.pools = kv.pools.replace(full=groups["full"], swa=groups["swa"]) if kv.hybrid else groups["full"]
     if "draft" in groups:
-        engine.spec.dpool = groups["draft"]
+        engine.stepper.dpool = groups["draft"]
 
 
 def _export_nodes(tree) -> list[dict[str, Any]]:

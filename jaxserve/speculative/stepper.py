@@ -402,9 +402,11 @@ class EagleStepper:
         the draft extends over it with the captured hidden states (the prefill program over one-token
         sequences), so a later round starts from exactly the state a round would have left. Counts as a
         verify round that accepted no draft in each request's `spec_accept_lengths`. Overlapped (unless
-        disabled or recording diagnostics) after another plain step: dispatch this one, then apply that
-        one while the device runs this one (the plain stepper's schedule)."""
-        overlap = self.overlap and self.slot_top1 is None
+        disabled, recording diagnostics or a grammar constrains a request) after another plain step:
+        dispatch this one, then apply that one while the device runs this one (the plain stepper's
+        schedule)."""
+        # a grammar's next mask needs the request's last token on the host: no overlap while one runs
+        overlap = self.overlap and self.slot_top1 is None and not any(r.grammar is not None for r in reqs)
         prev = self.inflight if overlap and isinstance(self.inflight, _PlainStep) else None
         finished = [] if prev is not None else self.drain()
 

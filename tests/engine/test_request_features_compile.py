@@ -3,7 +3,7 @@ bucket shape, and a logit_bias of +100 makes greedy decoding emit the biased tok
 
 import numpy as np
 
-from jaxserve.engine import Engine
+from jaxserve.api import Engine
 from jaxserve.engine.step_input import Buckets
 from jaxserve.models.build import random_model
 from jaxserve.models.config import ModelConfig

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 from jaxserve.engine.errors import InvalidRequestError
 from jaxserve.sampling.errors import InvalidSamplingParamsError
 

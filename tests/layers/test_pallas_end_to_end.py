@@ -8,8 +8,8 @@ Page size 16; the prompts cross the window and several 64-token chunks.
 
 import pytest
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_DRAFT_DIR, EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 from tests.engine.conftest import prompts, small_buckets
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}

@@ -58,7 +58,7 @@ def _one(url: str, prompt: list[int], n: int, stream: bool,
 
 @pytest.mark.slow
 def test_three_rounds_of_1000_requests_cold_then_warm(model_dir, tmp_path):
-    from jaxserve.engine import Engine
+    from jaxserve.api import Engine
 
     server = ServerProcess(["--model-path", str(model_dir), *flags_of(POOL),
                             "--compilation-cache-dir", str(tmp_path / "empty-cache")])

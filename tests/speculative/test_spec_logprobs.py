@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
-from jaxserve.engine import Engine
 
 FLAGS = dict(page_size=16, max_total_tokens=4096, chunked_prefill_size=64, max_running_requests=8)
 PROMPTS = ["The quick brown fox", "def main():", "Hello"]
