@@ -2,11 +2,14 @@
 bucket shape, and a logit_bias of +100 makes greedy decoding emit the biased token."""
 
 import numpy as np
+import pytest
 
 from jaxserve.api import Engine
 from jaxserve.engine.step_input import Buckets
 from jaxserve.models.build import random_model
 from jaxserve.models.config import ModelConfig
+
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=336, hidden_size=64,
               intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

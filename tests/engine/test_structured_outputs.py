@@ -17,6 +17,8 @@ from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.engine.errors import InvalidRequestError
 from jaxserve.sampling.errors import InvalidSamplingParamsError
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 FLAGS = dict(page_size=16, max_total_tokens=8192, chunked_prefill_size=64, max_running_requests=32)
 PROMPTS = ["The quick brown fox", "Hello", "def main():", "Question: what is the capital of France?"]
 

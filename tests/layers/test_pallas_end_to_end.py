@@ -12,6 +12,8 @@ from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_DRAFT_DIR, EMBEDDED_MODEL_DIR
 from tests.engine.conftest import prompts, small_buckets
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
 TREE = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(EMBEDDED_DRAFT_DIR),
             speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)

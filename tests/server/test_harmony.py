@@ -15,6 +15,8 @@ from jaxserve.server import harmony
 from tests.server.checkpoint import GPT_OSS
 from tests.server.conftest import ServerProcess, assert_kv_baseline, flags_of
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
 # gpt-oss's template, reduced to what this checks: tools and reasoning effort in the system message, roles
 TEMPLATE = (

@@ -19,6 +19,8 @@ import pytest
 from tests.server.conftest import ServerProcess, assert_kv_baseline, flags_of
 from tests.server.test_load import scrape
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 NUM_REQUESTS = 1000
 CONCURRENCY = 64
 NUM_DISTINCT = 120

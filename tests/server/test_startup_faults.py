@@ -16,6 +16,8 @@ import pytest
 from jaxserve.server.preflight import PreflightError, check_launch_files
 from tests.server.checkpoint import write_spec_pair, write_tiny_checkpoint
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,6 +15,8 @@ from jaxserve.server import tool_calls
 from tests.server.checkpoint import write_tiny_checkpoint
 from tests.server.conftest import ServerProcess, assert_kv_baseline, flags_of
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 TEMPLATE = (
     "{% if tools %}<|system|>Tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}"
     "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|end|>{% endif %}"

@@ -10,6 +10,8 @@ import pytest
 from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 FLAGS = dict(page_size=16, max_total_tokens=4096, chunked_prefill_size=64, max_running_requests=8)
 PROMPTS = ["The quick brown fox", "def main():", "Hello"]
 PARAMS = {"temperature": 0, "max_new_tokens": 24, "return_logprob": True, "top_logprobs_num": 3}

@@ -13,6 +13,8 @@ from scipy import stats
 from tests.models.helpers import Runner, full_logits
 from tests.speculative import spec_pairs as sp
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 TEMPERATURE, TOP_K, NEW = 1.0, 3, 3
 
 
