@@ -3,7 +3,8 @@
 A speculative step is either a prefill step (prompt chunks of admitted or re-admitted requests, each followed
 by the draft's extend over the same positions) or a decode round over every decoding request (draft chain,
 verify, accept, draft extend: `jaxserve.speculative.stepper`). `schedule_prefill` builds the former with the
-base scheduler's admission rules; decode rounds allocate their own slots. Retraction works as in the base
+base scheduler's admission rules; decode rounds allocate their own slots, and a plain decode step under
+speculation takes one slot per request through `commit_decodes`. Retraction works as in the base
 scheduler: the newest running request gives its private KV back and is prefilled again later.
 """
 
