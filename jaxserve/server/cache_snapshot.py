@@ -71,7 +71,7 @@ def fingerprint(engine) -> dict[str, Any]:
     (bigram keys under EAGLE), tokenizer behaviour on a probe text."""
     kv = engine.kv
     tok = engine.tokenizer
-    spec = getattr(engine, "spec", None)
+    spec = engine.stepper if isinstance(engine.stepper, EagleStepper) else None
     return {
         "weights": _state_hash(nnx.state(engine.model)),
         "draft_weights": _state_hash(spec.dparams) if spec is not None else None,

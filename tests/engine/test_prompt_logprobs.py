@@ -51,8 +51,8 @@ def test_retracted_request_keeps_its_prompt_logprobs(llama):
 
 
 def test_prompt_logprobs_are_refused_under_speculative_decoding():
+    from jaxserve.api import Engine
     from jaxserve.assets import EMBEDDED_MODEL_DIR
-    from jaxserve.engine import Engine
 
     spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3", page_size=16,
                   speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), max_total_tokens=1024,
