@@ -10,6 +10,8 @@ from jaxserve.engine.errors import InvalidRequestError
 from tests.engine.conftest import make_engine, prompts
 from tests.models.helpers import hf_logits
 
+pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
+
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     logits = logits.astype(np.float64)
