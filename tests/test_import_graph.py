@@ -21,6 +21,9 @@ RANKS = {
     "__main__": 9, "convert": 9,
 }
 
+# what `jaxserve/__init__.py` exports lazily, by the module that defines it
+TOP_LEVEL = {"Engine": "api", "ServerArgs": "engine"}
+
 
 def _imported_modules(path: Path) -> list[tuple[int, str]]:
     """(line, dotted module) of every import in the file, nested ones included."""
@@ -30,7 +33,8 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "jaxserve":  # `from jaxserve import engine` names the package itself
-                out += [(node.lineno, f"jaxserve.{alias.name}") for alias in node.names]
+                out += [(node.lineno, f"jaxserve.{TOP_LEVEL.get(alias.name, alias.name)}")
+                        for alias in node.names]
             else:
                 out.append((node.lineno, node.module))
     return out
