@@ -39,9 +39,11 @@ class ServerArgs:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).
     grammar_backend: "llguidance" (default: json_schema / regex / ebnf sampling parameters constrain the
     output) or "none" (such requests are refused).
-    speculative_policy: "auto" (each decode step is an EAGLE-3 round or a plain step that keeps the draft
-    usable, whichever measured more tokens per second at the running batch size), "always" (a round
-    every step) or "never" (plain steps only, the draft kept usable). speculative_disable_batch_size:
+    speculative_policy: "always" (default, as SGLang: a round every step), "auto" (each decode step is an
+    EAGLE-3 round or a plain step that keeps the draft usable, whichever measured more tokens per second
+    at the running batch size; not the default yet: at batch 1 it judges acceptance from whatever ran
+    first, e.g. the server's priming request, and can turn rounds off for a whole short session) or
+    "never" (plain steps only, the draft kept usable). speculative_disable_batch_size:
     decode plainly at this many decoding requests or more (a fixed threshold, under any policy; None: no
     threshold).
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
@@ -70,7 +72,7 @@ class ServerArgs:
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
     grammar_backend: str = "llguidance"
-    speculative_policy: str = "auto"
+    speculative_policy: str = "always"
     speculative_disable_batch_size: int | None = None
     debug_token_keys: bool = False
 
