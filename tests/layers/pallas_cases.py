@@ -9,6 +9,7 @@ mask. Shapes are fixed per layout, so hypothesis examples of one variant share o
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -103,3 +104,11 @@ def _run_native(q, k, v, pool, meta, sinks, window, softcap, scale):
 
 
 run_native = jax.jit(_run_native, static_argnames=("window", "softcap", "scale"))
+
+
+def assert_pool_not_copied(hlo: str, pool: KVPool) -> None:
+    """The compiled program `hlo` (text) holds the donated pool's buffer and never copies it."""
+    shape = f"u16[{','.join(map(str, pool.data.shape))}]"
+    assert shape in hlo
+    copies = [ln for ln in hlo.splitlines() if re.search(r"copy\(", ln) and shape in ln]
+    assert not copies, copies[:3]
