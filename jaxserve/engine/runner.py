@@ -6,12 +6,28 @@ draws one token per sequence row in the same executable, so only `S` token ids a
 to the host. The penalty pool (token counts for repetition/frequency/presence penalties, one row per running
 request) is donated too. Dispatch is asynchronous: `run` returns device arrays at once; reading them
 (`np.asarray`) waits for the step.
+
+Compiles never stall a step that fits a compiled program (`Programs`): every jitted step function is
+compiled ahead of time per bucket shape. A step whose exact bucket has no executable yet runs padded to the
+smallest compiled bucket that holds it (padding tokens write only the reserved slot 0, padding rows are
+greedy padding rows, as `build_step_input` pads) while the exact bucket compiles on a background thread;
+only a step that no compiled bucket holds compiles on the spot. With the persistent compilation cache on,
+both kinds of compile are loads on a restart. A padded step computes the same function on every real row,
+but not always the same bits: XLA's CPU kernels are chosen per shape, and a logprob can differ from the
+exact bucket's in its last bit (about 1e-6), which a near tie could turn into another greedy token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,15 +36,168 @@ from flax import nnx
 from tqdm import tqdm
 
 from jaxserve.engine.kv_cache import KVCache
-from jaxserve.engine.step_input import Buckets, StepInput, padding_step_input
+from jaxserve.engine.step_input import Buckets, StepInput, pad_step_input, padding_step_input, step_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import PenaltyPool, SampleOutput, new_penalty_pool, sample, update_counts
 from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
 
+Bucket = tuple[int, ...]
+Repad = Callable[[tuple, Bucket], tuple]  # (a call's arguments, a larger bucket) -> those arguments padded
+
+
+def spec(x: Any) -> jax.ShapeDtypeStruct:
+    """The abstract value an argument leaf is lowered as (a device array keeps its sharding)."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    x = np.asarray(x)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _signature(args: tuple) -> tuple:
+    """What selects an executable: the pytree structure and each leaf's shape, dtype, weak type and
+    sharding (host arrays: None)."""
+    leaves, tree = jax.tree.flatten(args)
+    return tree, tuple((x.shape, np.dtype(x.dtype), getattr(x, "weak_type", False),
+                        getattr(x, "sharding", None)) for x in leaves)
+
+
+@dataclasses.dataclass(eq=False)
+class _Program:
+    """One executable of a `Programs`: its bucket, the abstract arguments it is lowered from, its state
+    (`queued`, `compiling`, `ready` or `failed`; `done` is set at the last two) and compile seconds."""
+
+    bucket: Bucket
+    specs: tuple
+    state: str = "queued"
+    compiled: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class Programs:
+    """Ahead-of-time executables of one jitted function, one per argument signature (pytree structure,
+    shapes, dtypes, shardings), each tagged with the bucket (a tuple of padded sizes) its caller gives.
+
+    `call(bucket, args, repad)` runs the executable of `args`' exact signature once it is compiled. Until
+    then, when a compiled program of the same pytree structure has a bucket at least as large in every
+    size, the call runs on the smallest such one (by product of sizes) with `repad(args, that_bucket)`,
+    and the exact program is queued for the background thread; when none is large enough, the exact
+    program is compiled on the calling thread (or waited for, if the background thread has started it).
+    `repad` must give arguments that compute the exact bucket's function on every real row. Donation is the
+    jitted function's (the AOT executable keeps it). Thread-safe; one daemon thread compiles queued
+    programs in order, with the same persistent compilation cache as `jax.jit`."""
+
+    def __init__(self, fn: Any, name: str) -> None:
+        self.fn, self.name = fn, name
+        self._programs: dict[tuple, _Program] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Program] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self.num_padded = 0  # calls that ran padded to a larger compiled bucket
+
+    @property
+    def num_compiles(self) -> int:
+        """Programs requested so far (compiled, compiling or queued): at most one per signature."""
+        return len(self._programs)
+
+    def call(self, bucket: Bucket, args: tuple, repad: Repad) -> Any:
+        """Run the function on `args` (shaped as `bucket`) through a compiled program (see the class)."""
+        sig = _signature(args)
+        program = self._programs.get(sig)
+        if program is not None and program.state == "ready":
+            return program.compiled(*args)
+        fallback = self._fallback(bucket, sig[0], args, repad)
+        program = self._ensure(sig, bucket, args, queued=fallback is not None)
+        if fallback is None:
+            return self._compiled_now(program)(*args)
+        self.num_padded += 1
+        compiled, padded = fallback
+        return compiled(*padded)
+
+    def prepare(self, bucket: Bucket, args: tuple) -> threading.Event:
+        """Queue the program of `args` (leaves may be `jax.ShapeDtypeStruct`) for the background thread
+        unless it is known already; returns its event, set once it is compiled (or failed)."""
+        return self._ensure(_signature(args), bucket, args, queued=True).done
+
+    def _ensure(self, sig: tuple, bucket: Bucket, args: tuple, *, queued: bool) -> _Program:
+        with self._lock:
+            program = self._programs.get(sig)
+            if program is None:
+                program = self._programs[sig] = _Program(bucket, jax.tree.map(spec, args))
+                if queued:
+                    self._queue.put(program)
+                    if self._worker is None:
+                        self._worker = threading.Thread(target=self._work, name=f"compile-{self.name}",
+                                                        daemon=True)
+                        self._worker.start()
+            return program
+
+    def _fallback(self, bucket: Bucket, tree: Any, args: tuple, repad: Repad) -> tuple[Any, tuple] | None:
+        """(executable, padded arguments) of the smallest compiled bucket holding `bucket`, or None."""
+        with self._lock:
+            larger = sorted({p.bucket for s, p in self._programs.items()
+                             if p.state == "ready" and s[0] == tree and p.bucket != bucket
+                             and all(a >= b for a, b in zip(p.bucket, bucket, strict=True))},
+                            key=lambda b: (math.prod(b), b))
+        for big in larger:
+            padded = repad(args, big)
+            program = self._programs.get(_signature(padded))
+            if program is not None and program.state == "ready":
+                return program.compiled, padded
+        return None
+
+    def _claim(self, program: _Program) -> bool:
+        with self._lock:
+            if program.state != "queued":
+                return False
+            program.state = "compiling"
+            return True
+
+    def _compiled_now(self, program: _Program) -> Any:
+        """The program's executable: compiled on this thread unless the background thread has started it
+        (then waited for). Raises what its compile raised."""
+        if self._claim(program):
+            self._compile(program)
+        program.done.wait()
+        if program.error is not None:
+            raise program.error
+        return program.compiled
+
+    def _compile(self, program: _Program) -> None:
+        t0 = time.perf_counter()
+        try:
+            program.compiled = self.fn.lower(*program.specs).compile()
+            program.state = "ready"
+        except Exception as exc:  # re-raised by the call that needs this program (`_compiled_now`)
+            program.error, program.state = exc, "failed"
+        program.seconds = time.perf_counter() - t0
+        program.done.set()
+
+    def _work(self) -> None:
+        while True:
+            program = self._queue.get()
+            if self._claim(program):
+                self._compile(program)
+
+
+def largest_first(plan: list[tuple[Programs, Bucket, tuple]]) -> list[tuple[Programs, Bucket, tuple]]:
+    """`plan` (largest first per program) with abstract arguments, reordered: first the largest bucket of
+    each program (it holds every other step, so once it is compiled no step waits for a compile), then
+    the others from the smallest up (short requests' shapes are the common ones)."""
+    heads: dict[Programs, int] = {}
+    for i, (programs, _, _) in enumerate(plan):
+        heads.setdefault(programs, i)
+    first = sorted(heads.values(), key=lambda i: math.prod(plan[i][1]))
+    rest = sorted(set(range(len(plan))) - set(first), key=lambda i: math.prod(plan[i][1]))
+    return [(p, b, jax.tree.map(spec, a)) for p, b, a in (plan[i] for i in [*first, *rest])]
+
 
 @functools.lru_cache(maxsize=8)
-def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False):
-    """The jitted step for one model graph; cached so that engines over the same model share executables.
+def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False) -> Programs:
+    """The step programs for one model graph; cached so that engines over the same model share executables.
     `prev_tokens` i32[max_seqs] are the previous step's sampled ids (padded), the source of pending tokens;
     the step returns its own ids padded the same way for the next step. `prompt_logprobs`: the variant that
     computes logits at every position and also returns, for `next_ids i32[T]`, each token's raw logprob of
@@ -51,7 +220,14 @@ def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False):
         top = top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32))
         return kv_pools, penalties, next_tokens, (out, (token_logprobs(logp, next_ids), *top))
 
-    return step
+    return Programs(step, "prompt_step" if prompt_logprobs else "step")
+
+
+def _repad_step(args: tuple, bucket: Bucket) -> tuple:
+    """The step's arguments with the StepInput (and the prompt logprobs' next ids) padded to `bucket`."""
+    t = bucket[0]
+    extra = () if len(args) == 5 else (np.pad(np.asarray(args[5]), (0, t - args[5].shape[0])),)
+    return (*args[:4], pad_step_input(args[4], *bucket), *extra)
 
 
 @functools.partial(jax.jit, donate_argnames=("penalties",))
@@ -78,15 +254,17 @@ class ModelRunner:
     def run(self, inp: StepInput) -> SampleOutput:
         """Dispatch one step; returns the sampled ids/logprobs as device arrays (not yet waited for).
         Tokens marked in `inp.prev_rows` are read on device from the previously dispatched step's samples."""
-        self.kv.pools, self.penalties, self._last_tokens, out = self._step(
-            self.params, self.kv.pools, self.penalties, self._last_tokens, inp)
+        self.kv.pools, self.penalties, self._last_tokens, out = self._step.call(
+            step_bucket(inp), (self.params, self.kv.pools, self.penalties, self._last_tokens, inp),
+            _repad_step)
         return out
 
     def run_with_prompt_logprobs(self, inp: StepInput, next_ids: np.ndarray) -> tuple[SampleOutput, tuple]:
         """`run` on the all-positions variant: also (logprobs f32[T] of `next_ids`, top ids i32[T, K], top
         logprobs f32[T, K]) as device arrays (see `engine.prompt_logprobs`)."""
-        self.kv.pools, self.penalties, self._last_tokens, (out, prompt) = self._prompt_step(
-            self.params, self.kv.pools, self.penalties, self._last_tokens, inp, next_ids)
+        self.kv.pools, self.penalties, self._last_tokens, (out, prompt) = self._prompt_step.call(
+            step_bucket(inp), (self.params, self.kv.pools, self.penalties, self._last_tokens, inp, next_ids),
+            _repad_step)
         return out, prompt
 
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
@@ -99,16 +277,31 @@ class ModelRunner:
 
     @property
     def num_compiles(self) -> int:
-        """Distinct executables of the step so far (one per bucket shape used, and per shape used by a
-        step with prompt logprobs)."""
-        return self._step._cache_size() + self._prompt_step._cache_size()
+        """Distinct executables of the step requested so far (one per bucket shape used, and per shape used
+        by a step with prompt logprobs; a shape that ran padded counts once its own program is queued)."""
+        return self._step.num_compiles + self._prompt_step.num_compiles
+
+    @property
+    def num_padded(self) -> int:
+        """Steps that ran padded to a larger compiled bucket (their own was not compiled yet)."""
+        return self._step.num_padded + self._prompt_step.num_padded
+
+    def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
+        """(programs, bucket, arguments) of every plain-step bucket shape (seqs <= tokens), ordered by
+        `largest_first`. Arguments are abstract (as all-padding inputs: they would write only the reserved
+        slot 0)."""
+        b = self.buckets
+        shapes = sorted(((t, s, p) for t, s, p in itertools.product(b.tokens, b.seqs, b.pages) if s <= t),
+                        key=lambda shape: -math.prod(shape))
+        state = (self.params, self.kv.pools, self.penalties, self._last_tokens)
+        return largest_first([(self._step, shape, (*state, padding_step_input(self.kv, *shape)))
+                              for shape in shapes])
 
     def warmup(self, *, progress: bool = True) -> int:
-        """Compile every bucket shape (seqs <= tokens) with all-padding inputs (they write only the reserved
-        slot 0). Returns the number of shapes. Cost: one compile per shape."""
-        b = self.buckets
-        shapes = [(t, s, p) for t, s, p in itertools.product(b.tokens, b.seqs, b.pages) if s <= t]
-        for t, s, p in tqdm(shapes, desc="compiling step buckets", unit="shape", disable=not progress):
-            out = self.run(padding_step_input(self.kv, t, s, p))
-        jax.block_until_ready(out.token_ids)
-        return len(shapes)
+        """Compile every bucket shape on the background compile thread and wait for them. Returns the number
+        of shapes."""
+        plan = self.warm_plan()
+        events = [programs.prepare(bucket, args) for programs, bucket, args in plan]
+        for event in tqdm(events, desc="compiling step buckets", unit="shape", disable=not progress):
+            event.wait()
+        return len(plan)

@@ -140,3 +140,64 @@ def padding_step_input(kv: KVCache, num_tokens: int, num_seqs: int, num_pages: i
         page_size=kv.page_size)
     return StepInput(np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32), meta,
                      build_sampling_batch([], num_seqs))
+
+
+def pad_to(x: np.ndarray | jax.Array, sizes: Sequence[int | None],
+           value: int | float | bool = 0) -> np.ndarray:
+    """`x` padded with `value` at the end of its last `len(sizes)` axes to those sizes (None: unchanged)."""
+    x = np.asarray(x)
+    lead = x.ndim - len(sizes)
+    widths = [(0, 0)] * lead + [(0, 0 if n is None else n - d)
+                                for n, d in zip(sizes, x.shape[lead:], strict=True)]
+    return np.pad(x, widths, constant_values=value) if any(w for _, w in widths) else x
+
+
+def pad_meta(meta: AttentionMetadata, num_tokens: int, num_seqs: int, num_pages: int) -> AttentionMetadata:
+    """`meta` padded to a larger bucket exactly as `build_attention_metadata` pads: padding tokens at
+    position 0 of sequence row 0 writing slot 0, padding rows with `kv_lens = 0` and zero page tables, page
+    tables widened with page 0. Leading axes (a stack of metadata) are kept."""
+    ps = meta.page_size
+
+    def tokens(x):
+        return None if x is None else pad_to(x, (num_tokens,))
+
+    def rows(x):
+        return pad_to(x, (num_seqs,))
+
+    def table(x):
+        return None if x is None else pad_to(x, (num_seqs, num_pages))
+
+    mask = None if meta.custom_mask is None else pad_to(meta.custom_mask, (num_tokens, num_pages * ps), False)
+    return AttentionMetadata(
+        positions=tokens(meta.positions), seq_ids=tokens(meta.seq_ids), write_slots=tokens(meta.write_slots),
+        page_table=table(meta.page_table), kv_lens=rows(meta.kv_lens), sample_idx=rows(meta.sample_idx),
+        swa_write_slots=tokens(meta.swa_write_slots), swa_page_table=table(meta.swa_page_table),
+        custom_mask=mask, page_size=ps)
+
+
+def pad_sampling(batch: SamplingBatch, num_rows: int) -> SamplingBatch:
+    """`batch` with greedy padding rows appended up to `num_rows` (the rows `build_sampling_batch` pads
+    with; padding rows allow every token)."""
+    extra = num_rows - batch.num_rows
+    if extra == 0:
+        return batch
+    pad = build_sampling_batch([], extra)
+    mask = batch.token_bitmask
+    if mask is not None:
+        mask = np.concatenate([np.asarray(mask), np.full((extra, mask.shape[1]), 0xFFFFFFFF, np.uint32)])
+    joined = {f.name: np.concatenate([np.asarray(getattr(batch, f.name)), getattr(pad, f.name)])
+              for f in dataclasses.fields(SamplingBatch) if f.name != "token_bitmask"}
+    return SamplingBatch(**joined, token_bitmask=mask)
+
+
+def step_bucket(inp: StepInput) -> tuple[int, int, int]:
+    """(tokens, sequences, pages per sequence) of a built StepInput."""
+    return inp.meta.num_tokens, inp.meta.num_seqs, inp.meta.page_table.shape[1]
+
+
+def pad_step_input(inp: StepInput, num_tokens: int, num_seqs: int, num_pages: int) -> StepInput:
+    """`inp` padded to the larger bucket (tokens, sequences, pages): as `build_step_input` pads, so every
+    real row samples what it samples at its own bucket."""
+    return StepInput(pad_to(inp.input_ids, (num_tokens,)), pad_to(inp.prev_rows, (num_tokens,), -1),
+                     pad_meta(inp.meta, num_tokens, num_seqs, num_pages),
+                     pad_sampling(inp.sampling, num_seqs))

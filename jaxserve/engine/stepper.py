@@ -21,7 +21,7 @@ import numpy as np
 from jaxserve.engine import prompt_logprobs
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request
-from jaxserve.engine.runner import ModelRunner
+from jaxserve.engine.runner import Bucket, ModelRunner, Programs
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.sampling import SampleOutput
@@ -31,7 +31,8 @@ class Stepper(Protocol):
     """One step loop over `scheduler`. `step()` -> finished requests ([] when nothing is to do); `idle`:
     nothing queued, running or in flight; `forget(req)`: drop what the stepper holds for a request that
     was aborted (its KV is the scheduler's business); `num_compiles`: executables per jitted program;
-    `stats`: counters, `stats["steps"]` the steps dispatched."""
+    `warm_plan()`: (programs, bucket, abstract arguments) of the programs its steps can use, in the order
+    to compile them (`runner.largest_first`); `stats`: counters, `stats["steps"]` the steps dispatched."""
 
     scheduler: Scheduler
     stats: dict
@@ -45,6 +46,8 @@ class Stepper(Protocol):
 
     @property
     def num_compiles(self) -> dict[str, int]: ...
+
+    def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]: ...
 
 
 class PlainStepper:
@@ -70,6 +73,10 @@ class PlainStepper:
     @property
     def num_compiles(self) -> dict[str, int]:
         return {"step": self.runner.num_compiles}
+
+    def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
+        """The plain step's bucket shapes (`ModelRunner.warm_plan`)."""
+        return self.runner.warm_plan()
 
     def step(self) -> list[Request]:
         """Schedule and dispatch one step, then apply the results of the step before it (overlap) or of

@@ -23,7 +23,7 @@ from jaxserve.server.engine_loop import EngineLoop
 from jaxserve.server.errors import install_error_handlers
 from jaxserve.server.metrics import ServerMetrics
 from jaxserve.server.middleware import DEFAULT_MAX_BODY_BYTES, ApiKeyAuth, BodySizeLimit, JsonBodies
-from jaxserve.server.warmup import Warmup
+from jaxserve.server.warmup import Warmup, plan_shapes
 
 
 @dataclasses.dataclass
@@ -51,14 +51,14 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, tokenize
     """An ASGI app serving `engine` (which the app's engine thread then owns: do not call it elsewhere).
     `launch_info` is merged into /get_server_info (e.g. the HTTP settings); `metrics_prefix` names the
     Prometheus metrics (`sglang` or `jaxserve`); `log_interval`, `log_requests`, `compile_log`: see
-    `EngineLoop`; `warmup`: compile the step programs with synthetic requests while serving (see
-    `server.warmup`); `cache_snapshot`: the `--cache-snapshot` directory `POST /save_cache` writes (None: the
-    route answers 400)."""
+    `EngineLoop`; `warmup`: compile the step programs on the background compile thread while
+    serving (see `server.warmup`); `cache_snapshot`: the `--cache-snapshot` directory `POST /save_cache`
+    writes (None: the route answers 400)."""
     from jaxserve.server import routes_native, routes_openai, routes_snapshot
 
     model_path = str(engine.args.model_path or "<in-memory model>")
     metrics = ServerMetrics(model_name=served_model_name or model_path, prefix=metrics_prefix)
-    plan = Warmup(tuple(engine.buckets.seqs), engine.vocab_size) if warmup else None
+    plan = Warmup(plan_shapes(engine)) if warmup else None
     loop = EngineLoop(engine, metrics, log_interval=log_interval, log_requests=log_requests,
                       compile_log=compile_log, warmup=plan)
     info = {**dataclasses.asdict(engine.args), **(launch_info or {}), "context_length": engine.context_length,

@@ -67,8 +67,8 @@ class EngineLoop:
                  log_requests: bool = False, compile_log: CompileLog | None = None,
                  warmup: Warmup | None = None) -> None:
         """`log_interval`: busy steps between interval lines (0: none); `compile_log`: the process's
-        compile counter, for compile-stall lines (None: no such lines); `warmup`: synthetic requests run
-        on this thread next to real ones until its plan is done."""
+        compile counter, for compile-stall lines (None: no such lines); `warmup`: its programs are queued for
+        the background compile thread from this thread's first turn (`Warmup.advance`)."""
         self.engine = engine
         self.warmup = warmup
         self.metrics = metrics

@@ -1,17 +1,17 @@
-"""`--warmup` without a dead port: the step programs are compiled by running small synthetic requests through
-the engine on its own thread, between and alongside real requests, while the server already answers.
+"""`--warmup` without a dead port: the step programs the served configuration uses are queued for the
+background compile thread (`engine.runner.Programs`) while the server already answers.
 
-One warm-up group per sequence bucket `s` of the engine (1, 2, 4, ... up to max_running_requests): `s`
-requests of `PROMPT_TOKENS` random tokens and `NEW_TOKENS` new tokens each, submitted together so that they
-share their prefill step and their decode steps. A group therefore compiles the prefill and decode programs
-of its batch size at the narrowest page-table width (plain or speculative: whatever the engine runs), the
-shapes short requests use. Groups run one after another; `/health` reports `{"status": "warming",
-"compiled": done, "total": groups}` until the last one finished. Warm-up requests never reach clients or
-metrics; their prefixes are flushed from the cache at the end when the engine is idle.
+The plan (`plan_shapes`) is the stepper's `warm_plan()` cut to what short and batched traffic uses: first
+the largest bucket of each program (once it is compiled, any step that has no exact program yet runs
+padded to it instead of waiting for a compile), then every sequence bucket at the narrowest page-table
+width (decode steps: the chain round under EAGLE-3, the plain step otherwise) and single-sequence
+prefills of up to `PREFILL_TOKENS` tokens at that width. Other shapes compile on first use, in the
+background while their steps run padded. `/health` reports `{"status": "warming", "compiled": k,
+"total": n}` (programs) until the last one is compiled.
 
-`prime(engine)` runs the first group (one short request) to completion before the server listens, with or
-without `--warmup`: a restarted server then loads the programs a first short request needs from the
-persistent compilation cache before it says it is ready, instead of while that request waits.
+`prime(engine)` runs one short request to completion before the server listens, with or without
+`--warmup`: a restarted server then loads the programs a first short request needs from the persistent
+compilation cache before it says it is ready, instead of while that request waits.
 """
 
 from __future__ import annotations
@@ -25,51 +25,59 @@ logger = logging.getLogger("jaxserve.server")
 
 PROMPT_TOKENS = 8
 NEW_TOKENS = 3
+PREFILL_TOKENS = 64  # single-sequence prefill buckets warmed at the narrowest width, up to this many tokens
+
+
+def plan_shapes(engine) -> list[tuple]:
+    """The warm-up cut of `engine.stepper.warm_plan()` (see the module docstring), in its order."""
+    plan = engine.stepper.warm_plan()
+    narrowest = min(engine.buckets.pages)
+    rounds = any(len(bucket) == 2 for _, bucket, _ in plan)  # EAGLE-3 decodes in chain rounds
+    heads: set = set()
+    keep = []
+    for programs, bucket, args in plan:
+        first = programs not in heads
+        heads.add(programs)
+        tokens_seqs, pages = bucket[:-1], bucket[-1]
+        decode = len(bucket) == 2 or (not rounds and tokens_seqs[0] == min(engine.buckets.tokens))
+        prefill = len(bucket) == 3 and tokens_seqs[1] == 1 and tokens_seqs[0] <= PREFILL_TOKENS
+        if first or (pages == narrowest and (decode or prefill)):
+            keep.append((programs, bucket, args))
+    return keep
 
 
 class Warmup:
-    """The warm-up plan of one engine and its progress. Driven from the engine thread (`advance`); `done`
-    and `total` may be read from any thread."""
+    """The warm-up plan of one engine and its progress: `advance` (on the engine thread) queues the plan's
+    programs on the background compile thread; `done` and `total` may be read from any thread."""
 
-    def __init__(self, seq_buckets: tuple[int, ...], vocab_size: int, seed: int = 0) -> None:
-        self.groups = sorted(set(seq_buckets))
-        self.total = len(self.groups)
-        self.done = 0
-        self._rng = np.random.default_rng(seed)
-        self._vocab_size = vocab_size
-        self._current: list[str] = []
+    def __init__(self, plan: list[tuple]) -> None:
+        self.plan = plan
+        self.total = len(plan)
+        self._events: list = []
         self._started = time.monotonic()
+        self._logged = False
+
+    @property
+    def done(self) -> int:
+        return sum(event.is_set() for event in self._events)
 
     @property
     def finished(self) -> bool:
-        return self.done == self.total
+        return len(self._events) == self.total and self.done == self.total
 
     def status(self) -> dict[str, object]:
         return {"status": "warming", "compiled": self.done, "total": self.total}
 
     def advance(self, engine) -> None:
-        """Retire the current group once all its requests finished, and submit the next one. Call between
-        engine steps on the engine thread."""
-        if self._current:
-            if not all(engine.request(rid).finished for rid in self._current):
-                return
-            for rid in self._current:
-                engine.forget(rid)
-            self._current = []
-            self.done += 1
-            logger.info(f"warmup: {self.done}/{self.total} groups ({time.monotonic() - self._started:.1f} s)")
-            if self.finished:
-                if engine.idle:
-                    engine.flush_cache()
-                logger.info(f"warmup finished in {time.monotonic() - self._started:.1f} s")
-                return
-        if self.done < self.total:
-            params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-            upper = max(3, self._vocab_size)
-            self._current = [
-                engine.submit(input_ids=self._rng.integers(2, upper, size=PROMPT_TOKENS).tolist(),
-                              sampling_params=params)
-                for _ in range(self.groups[self.done])]
+        """Queue the plan (first call), then log once it is all compiled. Call between engine steps on the
+        engine thread."""
+        if not self._events:
+            self._events = [programs.prepare(bucket, args) for programs, bucket, args in self.plan]
+            logger.info(f"warmup: {self.total} step programs queued for the background compile thread")
+        if self.finished and not self._logged:
+            self._logged = True
+            seconds = time.monotonic() - self._started
+            logger.info(f"warmup finished in {seconds:.1f} s ({self.total} programs)")
 
 
 def prime(engine, vocab_size: int) -> float:

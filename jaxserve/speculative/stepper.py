@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 
 import jax
@@ -70,8 +71,19 @@ from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.row_pool import RowPool
-from jaxserve.engine.runner import ModelRunner
-from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
+from jaxserve.engine.runner import Bucket, ModelRunner, Programs, largest_first
+from jaxserve.engine.step_input import (
+    Buckets,
+    ScheduledSeq,
+    StepInput,
+    build_step_input,
+    pad_meta,
+    pad_sampling,
+    pad_step_input,
+    pad_to,
+    padding_step_input,
+    step_bucket,
+)
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
@@ -164,7 +176,31 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: 
         shifts = store(shifts, dest, (verdict.num_accepted, last_tok))
         return pools, dpool, penalties, states, shifts, verdict, top1
 
-    return prefill, chain_round
+    return Programs(prefill, "prefill"), Programs(chain_round, "chain_round")
+
+
+def _repad_prefill(args: tuple, bucket: Bucket) -> tuple:
+    """The prefill program's arguments padded to the bucket (tokens, seqs, pages): the StepInput parts as
+    `build_step_input` pads, next ids 0, no token taken from a sample, padding rows' draft states dropped
+    (written to the out-of-range row)."""
+    t, s, p = bucket
+    states, (prev_rows, input_ids, next_ids, from_sample, meta, sampling, dest) = args[5], args[8:]
+    inp = pad_step_input(StepInput(input_ids, prev_rows, meta, sampling), t, s, p)
+    return (*args[:8], inp.prev_rows, inp.input_ids, pad_to(next_ids, (t,)), pad_to(from_sample, (t,), -1),
+            inp.meta, inp.sampling, pad_to(dest, (s,), states[0].shape[0]))
+
+
+def _repad_chain(args: tuple, bucket: Bucket) -> tuple:
+    """The chain round's arguments padded to the bucket (seqs, pages): padding requests read state row 0,
+    store nothing (out-of-range row), are not shifted and verify greedy padding rows."""
+    s, p = bucket
+    states, (state_rows, dest, shifted, undrafted, last, draft_metas, meta, sampling) = args[5], args[8:]
+    nodes = meta.num_tokens // state_rows.shape[0]
+    if draft_metas is not None:
+        draft_metas = pad_meta(draft_metas, s, s, p)
+    return (*args[:8], pad_to(state_rows, (s,)), pad_to(dest, (s,), states[0].shape[0]),
+            pad_to(shifted, (s,), False), pad_to(undrafted, (s,), False), pad_to(last, (s,)), draft_metas,
+            pad_meta(meta, s * nodes, s, p), pad_sampling(sampling, s * nodes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,10 +396,10 @@ class EagleStepper:
                     seq.req.spec_accept_lengths = []
         runner = self.runner
         (self.kv.pools, self.dpool, runner.penalties, self.states, self.last_tokens, out,
-         top1) = self._fns(self.recording)[0](
-            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
-            self.last_tokens, inp.prev_rows, inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling,
-            dest)
+         top1) = self._fns(self.recording)[0].call(step_bucket(inp), (
+             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
+             self.last_tokens, inp.prev_rows, inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling,
+             dest), _repad_prefill)
         return _PlainStep(batch, out, inp.meta, t, top1)
 
     def _apply_plain(self, done: _PlainStep) -> list[Request]:
@@ -554,10 +590,10 @@ class EagleStepper:
         bitmask = fill_bitmask([r.grammar if j == 0 else None for r in reqs for j in range(nv)])
         runner = self.runner
         (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
-         top1) = self._fns(self.recording)[1](
-            self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts,
-            self.emb, state_rows, dest, shifted, undrafted, last, draft_metas, meta,
-            build_sampling_batch(rows, meta.num_tokens, bitmask))
+         top1) = self._fns(self.recording)[1].call((num_rows, width), (
+             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states,
+             self.shifts, self.emb, state_rows, dest, shifted, undrafted, last, draft_metas, meta,
+             build_sampling_batch(rows, meta.num_tokens, bitmask)), _repad_chain)
         return _Round(reqs, frozenset(reqs), verdict, meta, top1)
 
     def results(self, verdict: Verdict, reqs: list[Request]) -> list[tuple]:
@@ -627,11 +663,45 @@ class EagleStepper:
     @property
     def num_compiles(self) -> dict[str, int]:
         variants = [self._fns(r) for r in (False, True)]
-        counts = {"step": self.runner.num_compiles, "prefill": sum(f[0]._cache_size() for f in variants),
-                  "chain_round": sum(f[1]._cache_size() for f in variants)}
+        counts = {"step": self.runner.num_compiles, "prefill": sum(f[0].num_compiles for f in variants),
+                  "chain_round": sum(f[1].num_compiles for f in variants)}
         if self.tree is not None:
             counts.update(self.tree.num_compiles)
         return counts
+
+    def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
+        """(programs, bucket, abstract arguments) of the programs this stepper's steps can use, ordered by
+        `runner.largest_first`: the prefill program per (tokens, seqs, pages) with seqs <= tokens, and
+        unless the policy never drafts, the chain round per (seqs, pages). Tree drafting and
+        `record_draft_top1` variants are not planned."""
+        prefill, chain = self._fns(False)
+        state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
+        num_rows = self.states[0].shape[0]
+        b = self.buckets
+        shapes = sorted(((t, s, p) for t in b.tokens for s in b.seqs for p in b.pages if s <= t),
+                        key=lambda shape: -math.prod(shape))
+        plan = []
+        for t, s, p in shapes:
+            inp = padding_step_input(self.kv, t, s, p)
+            plan.append((prefill, (t, s, p), (
+                *state, self.emb, self.last_tokens, inp.prev_rows, inp.input_ids, np.zeros(t, np.int32),
+                np.full(t, -1, np.int32), inp.meta, inp.sampling, np.full(s, num_rows, np.int32))))
+        if self.tree is not None or self.policy == "never":
+            return largest_first(plan)
+        nv = self.num_verify
+        for s, p in sorted(((s, p) for s in self.seq_buckets for p in self.page_buckets),
+                           key=lambda shape: -math.prod(shape)):
+            meta = padding_step_input(self.kv, s * nv, s, p).meta
+            draft_metas = None
+            if self.num_steps > 1:
+                one = dataclasses.replace(padding_step_input(self.kv, s, s, p).meta, swa_write_slots=None,
+                                          swa_page_table=None)
+                draft_metas = jax.tree.map(lambda x: np.stack([x] * (self.num_steps - 1)), one)
+            zeros = np.zeros(s, np.int32)
+            plan.append((chain, (s, p), (*state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32),
+                                         np.zeros(s, bool), np.zeros(s, bool), zeros, draft_metas, meta,
+                                         build_sampling_batch([], s * nv))))
+        return largest_first(plan)
 
     @property
     def acc_length(self) -> float:

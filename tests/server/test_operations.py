@@ -18,6 +18,7 @@ from jaxserve.api import Engine
 from jaxserve.server import create_app
 from jaxserve.server.args import parse_launch_args
 from jaxserve.server.launch import banner, with_random_seed
+from jaxserve.server.warmup import plan_shapes
 from tests.server.conftest import ENGINE_FLAGS
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
@@ -184,7 +185,7 @@ def test_operations_flags_parse():
 
 
 def test_warmup_runs_while_serving_and_health_reports_its_progress(engine, reference):
-    total = len(engine.buckets.seqs)
+    total = len(plan_shapes(engine))
     with TestClient(create_app(engine, warmup=True)) as client:
         health = client.get("/health")
         assert health.status_code == 200
