@@ -31,6 +31,7 @@ from jaxserve.memory.errors import (
     OutOfSlots,
     SlotRangeError,
 )
+from jaxserve.memory.few_pages import few_pages_of_slots
 from jaxserve.memory.page_stack import PAGE_DTYPE, FreePageStack
 
 SLOT_DTYPE = np.int64
@@ -217,8 +218,28 @@ def pop_checked_pages(state: AllocatorState, num_pages: int) -> tuple[AllocatorS
 
 
 def free(state: AllocatorState, slots: np.ndarray) -> AllocatorState:
-    """Free these slots' pages (whole pages). Empty input returns `state`. O(k log k) in slots passed."""
-    return free_pages(state, pages_of_slots(state, slots))
+    """Free these slots' pages (whole pages). Empty input returns `state`. O(k log k) in slots passed;
+    a few slots (`few_pages.FEW_SLOTS`) take Python ints instead of numpy calls, same checks and errors."""
+    few = few_pages_of_slots(slots, state.page_size, state.stack.num_pages)
+    if few is None:
+        return free_pages(state, pages_of_slots(state, slots))
+    _check(state)
+    check_few_not_free(state, few)
+    return push_few_checked(state, few)
+
+
+def check_few_not_free(state: AllocatorState, pages: list[int]) -> None:
+    """`check_not_free` for distinct, in-range pages given as Python ints; raises the same error."""
+    if page_stack.any_free_few(state.stack, state.top, pages):
+        check_not_free(state, np.array(pages, dtype=PAGE_DTYPE))
+
+
+def push_few_checked(state: AllocatorState, pages: list[int]) -> AllocatorState:
+    """`push_checked_pages` for pages given as Python ints."""
+    if not pages:
+        return state
+    top, seen = page_stack.push_few(state.stack, state.top, pages)
+    return AllocatorState(state.stack, state.page_size, top, seen)
 
 
 def free_groups(state: AllocatorState, groups: Sequence[np.ndarray]) -> AllocatorState:

@@ -107,17 +107,18 @@ def slots_for_plan(plan: ExtendPlan, pages: np.ndarray, page_size: int) -> np.nd
     p = page_size
     if p == 1:  # one fresh page per position, handed out in request-major order
         return pages.astype(SLOT_DTYPE, copy=False)
-    counts = plan.seq_lens - plan.prefix_lens
     if not plan.continues_page:  # whole fresh pages per request, page-major; drop last pages' spare slots
         slots = A.pages_to_slots(pages, p)
-        if counts.size == 1:
-            return slots[: int(counts[0])]
+        if plan.seq_lens.size == 1:
+            return slots[: int(plan.seq_lens[0]) - int(plan.prefix_lens[0])]
+        counts = plan.seq_lens - plan.prefix_lens
         page_slots = plan.new_pages * p
         unused = page_slots - counts
         if not unused.any():
             return slots
         keep = np.arange(slots.size) < np.repeat(np.cumsum(page_slots) - unused, page_slots)
         return slots[keep]
+    counts = plan.seq_lens - plan.prefix_lens
     if (counts == 1).all():
         # decode: one position per request, on a fresh page iff it starts one, else after last_locs
         out = plan.last_locs + 1

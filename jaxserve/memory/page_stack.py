@@ -110,6 +110,25 @@ def is_free(stack: FreePageStack, top: int, pages: np.ndarray) -> np.ndarray:
     return (pos < top) & (stack.entries[pos] == pages)
 
 
+def any_free_few(stack: FreePageStack, top: int, pages: list[int]) -> bool:
+    """`is_free(...).any()` for a few pages given as Python ints (1..num_pages), without numpy calls."""
+    pos_of, entries = stack.pos_of, stack.entries
+    for page in pages:
+        pos = int(pos_of[page])
+        if pos < top and int(entries[pos]) == page:
+            return True
+    return False
+
+
+def push_few(stack: FreePageStack, top: int, pages: list[int]) -> tuple[int, int]:
+    """`push` of a few pages given as Python ints (same rules, same writes), element by element."""
+    entries, pos_of = stack.entries, stack.pos_of
+    for pos, page in enumerate(pages, top):
+        entries[pos] = page
+        pos_of[page] = pos
+    return top + len(pages), stack.writes.record(top)
+
+
 def pop(stack: FreePageStack, top: int, num_pages: int) -> tuple[int, np.ndarray]:
     """Take `num_pages` pages (caller checked availability); returns (new top, pages in hand-out order)."""
     return top - num_pages, stack.entries[top - num_pages : top][::-1].copy()

@@ -36,6 +36,7 @@ from jaxserve.memory.errors import (
     OutOfSlots,
     StaleAllocatorStateError,
 )
+from jaxserve.memory.few_pages import few_pages_of_slots
 
 
 class PageMapping:
@@ -190,9 +191,33 @@ def _free_sides(state: SWAAllocatorState, full_pages: np.ndarray, free_full: boo
     return SWAAllocatorState(full, swa, m, m.num_zeroings, m.alloc_writes.num_records)
 
 
+def _free_few_sides(state: SWAAllocatorState, pages: list[int], free_full: bool) -> SWAAllocatorState:
+    """`_owned_full_pages` then `_free_sides` for full pages from `few_pages_of_slots` (Python ints): the
+    same checks in the same order, the same errors and writes."""
+    A.check_few_not_free(state.full, pages)
+    if not pages:
+        return state
+    m = state.mapping
+    page_of = m.swa_page_of
+    swa_pages = sorted(s for s in (int(page_of[p]) for p in pages) if s)
+    if len(set(swa_pages)) != len(swa_pages):
+        raise DoubleFreeError("two full pages map to one SWA page; the mapping is corrupt")
+    A.check_few_not_free(state.swa, swa_pages)  # validate both sides before writing either
+    swa = A.push_few_checked(state.swa, swa_pages)
+    full = A.push_few_checked(state.full, pages) if free_full else state.full
+    for p in pages:
+        page_of[p] = 0
+    m.num_zeroings += 1
+    return SWAAllocatorState(full, swa, m, m.num_zeroings, m.alloc_writes.num_records)
+
+
 def free(state: SWAAllocatorState, slots: np.ndarray) -> SWAAllocatorState:
-    """Free these full slots' pages and their mapped SWA pages. Empty input returns `state`."""
+    """Free these full slots' pages and their mapped SWA pages. Empty input returns `state`. A few slots
+    (`few_pages.FEW_SLOTS`) take Python ints instead of numpy calls, same checks and errors."""
     check_state(state)
+    few = few_pages_of_slots(slots, state.page_size, state.full.stack.num_pages)
+    if few is not None:
+        return _free_few_sides(state, few, free_full=True)
     pages = _owned_full_pages(state, slots)
     return _free_sides(state, pages, free_full=True) if pages.size else state
 
@@ -203,6 +228,9 @@ def free_swa(state: SWAAllocatorState, slots: np.ndarray) -> SWAAllocatorState:
     Entries already zero are skipped, so repeating free_swa, or a later `free`, frees no SWA page twice.
     """
     check_state(state)
+    few = few_pages_of_slots(slots, state.page_size, state.full.stack.num_pages)
+    if few is not None:
+        return _free_few_sides(state, few, free_full=False)
     pages = _owned_full_pages(state, slots)
     return _free_sides(state, pages, free_full=False) if pages.size else state
 
