@@ -58,6 +58,9 @@ def as_token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr
 
 
+_max = np.maximum.reduce  # the ufunc itself: ndarray.max adds a Python-level wrapper call
+
+
 def token_array_and_bytes(token_ids: Sequence[int] | np.ndarray) -> tuple[np.ndarray, bytes]:
     """Validated token ids as a read-only int64 array that views an immutable copy, and that copy's bytes.
 
@@ -66,7 +69,7 @@ def token_array_and_bytes(token_ids: Sequence[int] | np.ndarray) -> tuple[np.nda
     its input. Raises InvalidTokensError like `as_token_array`.
     """
     if type(token_ids) is np.ndarray and token_ids.dtype == TOKEN_DTYPE and token_ids.ndim == 1:
-        if token_ids.size and token_ids.view(np.uint64).max() > MAX_TOKEN_ID:  # negatives wrap: huge
+        if token_ids.size and _max(token_ids.view(np.uint64)) > MAX_TOKEN_ID:  # negatives wrap: huge
             as_token_array(token_ids)  # raises the precise InvalidTokensError
         token_bytes = token_ids.tobytes()
     else:

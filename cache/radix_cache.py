@@ -122,23 +122,27 @@ class RadixCache(RadixRequestOps):
 
     # ------------------------------------------------------------------ match / insert
     def _walk(
-        self, key: RadixKey, token_bytes: bytes, num_units: int
-    ) -> tuple[TreeNode, int, list[np.ndarray]]:
+        self, key: RadixKey, token_bytes: bytes, num_units: int, path: Sequence[TreeNode] = ()
+    ) -> tuple[TreeNode, int, list[TreeNode]]:
         """Follow the key's first `num_units` units (whole pages) down the tree, splitting the node where the
         common prefix ends inside it and refreshing LRU stamps. Returns the deepest node reached, the units
-        matched, and the matched nodes' values in order. The hot path of match and insert: per node one dict
-        lookup and one memcmp; a vectorised compare only where a node's key diverges."""
+        matched, and the nodes matched below `path`, in order. `path` (root's child first) must be nodes
+        whose keys are the key's first units (`_admission_path`): they are stamped as the walk would stamp
+        them and the walk goes on from the last. The hot path of match and insert: per node one
+        dict lookup and one memcmp; a vectorised compare only where a node's key diverges."""
         bigram, page_size, extra_key = int(self.eagle), self.page_size, key.extra_key
-        tokens, unit_bytes = (
-            key.tokens,
-            _TOKEN_BYTES,
-        )  # offsets below count bytes: unit i is at i * unit_bytes
+        tokens, unit_bytes = key.tokens, _TOKEN_BYTES  # offsets below count bytes: unit i at i * 8
         head_bytes = (page_size + bigram) * unit_bytes
         stop = num_units * unit_bytes
         end = stop + bigram * unit_bytes  # the bytes of the first num_units units
         tick = self._tick + 1
-        node, start, values = self.root, 0, []
+        node, start, nodes = self.root, 0, []
         node.last_access = tick
+        for node in path:  # whole nodes, in walk order: no split, no lookup
+            tick += 1
+            node.last_access = tick
+            start += node.num_units
+        start *= unit_bytes
         while start < stop:
             head = token_bytes[start : start + head_bytes]
             child = node.children.get(head if extra_key is None else (extra_key, head))
@@ -156,12 +160,12 @@ class RadixCache(RadixRequestOps):
                 tick += 1
                 child.last_access = tick  # the upper half is created after the stamp: more recent
                 self._lru.push_if_evictable(lower)  # its stamp changed
-            values.append(child.value)
+            nodes.append(child)
             node = child
             start += m * unit_bytes
         pos = start // unit_bytes
         self._tick = tick
-        return node, pos, values
+        return node, pos, nodes
 
     def match_prefix(
         self, token_ids: Sequence[int] | np.ndarray | RadixKey, extra_key: Hashable | None = None
@@ -176,15 +180,31 @@ class RadixCache(RadixRequestOps):
 
     def _match(self, key: RadixKey, token_bytes: bytes) -> MatchResult:
         """`match_prefix` of a prepared key (`token_bytes` are its tokens' bytes)."""
+        slots, path = self._match_path(key, token_bytes)
+        return MatchResult(slots, path[-1] if path else self.root)
+
+    def _match_path(self, key: RadixKey, token_bytes: bytes) -> tuple[np.ndarray, list[TreeNode]]:
+        """`_match`, answering the matched node's root path (root's child first; empty: the root)."""
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
-            return MatchResult(EMPTY_SLOTS.copy(), self.root)
-        node, _, values = self._walk(key, token_bytes, num_units)
+            return EMPTY_SLOTS.copy(), []
+        node, _, path = self._walk(key, token_bytes, num_units)
         self._lru.push_if_evictable(node)
         self._lru.compact(self._num_nodes)
-        if not values:
-            return MatchResult(EMPTY_SLOTS.copy(), node)
-        return MatchResult(np.concatenate(values) if len(values) > 1 else values[0].copy(), node)
+        if not path:
+            return EMPTY_SLOTS.copy(), path
+        if len(path) == 1:
+            return node.value.copy(), path
+        return np.concatenate([n.value for n in path]), path
+
+    def _match_and_lock(self, key: RadixKey, token_bytes: bytes) -> tuple[np.ndarray, TreeNode, None]:
+        """`_match` then `inc_lock_ref` of its node, locking the walked path without walking it again.
+        Returns (slots, node, lock id)."""
+        slots, path = self._match_path(key, token_bytes)
+        if not path:
+            return slots, self.root, None
+        self._lock_path(path)
+        return slots, path[-1], None
 
     def insert(
         self,
@@ -205,18 +225,27 @@ class RadixCache(RadixRequestOps):
         """
         return self._insert(*tree_key_and_bytes(token_ids, extra_key, eagle=self.eagle), slots)
 
-    def _insert(self, key: RadixKey, token_bytes: bytes, slots: Sequence[int] | np.ndarray) -> int:
-        """`insert` of a prepared key (`token_bytes` are its tokens' bytes)."""
+    def _insert(
+        self,
+        key: RadixKey,
+        token_bytes: bytes,
+        slots: Sequence[int] | np.ndarray,
+        path: Sequence[TreeNode] = (),
+        path_units: int = 0,
+    ) -> int:
+        """`insert` of a prepared key (`token_bytes` are its tokens' bytes). With `path` (see `_walk`) of
+        `path_units` units, `slots[:path_units]` are neither stored nor returned as duplicates, so only the
+        rest are validated."""
         slots = as_slot_array(slots)
         num_units = len(key)
         check_page_aligned(num_units, self.page_size, "inserted key")
         if slots.shape[0] < num_units or (slots.shape[0] > num_units and not self.eagle):
             raise ValueLengthError(f"key has {num_units} units but {slots.shape[0]} slots were given")
         slots = slots[:num_units]
-        check_slots(slots, self.page_size)
+        check_slots(slots[path_units:], self.page_size)
         if self.disabled or num_units == 0:
             return 0
-        node, pos, _ = self._walk(key, token_bytes, num_units)
+        node, pos, _ = self._walk(key, token_bytes, num_units, path)
         if pos < num_units:
             self._tick += 1
             leaf_bytes = token_bytes[pos * _TOKEN_BYTES :]  # the bytes of key.units(pos): no second copy
@@ -265,19 +294,27 @@ class RadixCache(RadixRequestOps):
         """
         if self.disabled:
             return None
-        for n in self._path(node):
+        self._lock_path(self._path(node))
+        return None
+
+    def _lock_path(self, path: list[TreeNode]) -> None:
+        """`inc_lock_ref` on a root path (root's child first) known to be in this tree."""
+        for n in path:
             if n.lock_ref == 0:
                 self._evictable_size -= n.num_units
                 self._protected_size += n.num_units
             n.lock_ref += 1
-        return None
 
     def dec_lock_ref(self, node: TreeNode, lock_id: int | None = None) -> None:
         """Undo one `inc_lock_ref(node)`. Raises LockError (tree unchanged) if some node on the path holds no
         lock or `node` is not in the tree. `lock_id` is ignored by the plain tree."""
         if self.disabled:
             return
-        path = self._path(node)
+        self._unlock_path(self._path(node), node, lock_id)
+
+    def _unlock_path(self, path: list[TreeNode], node: TreeNode, lock_id: int | None = None) -> None:
+        """`dec_lock_ref(node)` given `node`'s root path (root's child first), already checked to be in this
+        tree."""
         if any(n.lock_ref <= 0 for n in path):
             raise LockError(f"unlocking {node!r}, but its path holds no lock")
         for n in path:

@@ -29,9 +29,14 @@ class RadixRequestOps(RequestOps):
     """Mixin for `RadixCache`: the request operations of `cache.request_ops`, plain insert hook."""
 
     def _insert_req_prefix(
-        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
+        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int, path: list | None
     ) -> tuple[np.ndarray, int]:
-        """Insert, then hand back `kv[owned:num_cached]`: the request's duplicates of units the tree already
-        had (whole pages the request owns), which are also the positions whose slots the re-match replaces."""
-        stop = max(owned, self._insert(key, token_bytes, kv))
+        """Insert (from the end of `path` when given), then hand back `kv[owned:num_cached]`: the request's
+        duplicates of units the tree already had (whole pages the request owns), which are also the positions
+        whose slots the re-match replaces."""
+        if path is None:
+            num_cached = self._insert(key, token_bytes, kv)
+        else:
+            num_cached = self._insert(key, token_bytes, kv, path, owned)
+        stop = max(owned, num_cached)
         return kv[owned:stop], stop

@@ -9,9 +9,17 @@ request's duplicates of units the tree already had: that is the hook `_insert_re
 rules and where they are correct and SGLang 0.5.3.post1 is not).
 
 The host class provides `eagle`, `page_size`, `disabled`, `root`, `allocator`, `_match` / `_insert` (match
-and insert of a prepared key: a `RadixKey` plus its tokens' bytes), `inc_lock_ref` and `dec_lock_ref`. Each
-operation validates and copies the request's tokens once (`cache.keys.token_array_and_bytes`) and hands the
-prepared key to every tree call it makes.
+and insert of a prepared key: a `RadixKey` plus its tokens' bytes), `inc_lock_ref`, `dec_lock_ref` and
+`_unlock_path` (`dec_lock_ref` on a root path already checked). Each operation validates and copies the
+request's tokens once (`cache.keys.token_array_and_bytes`) and hands the prepared key to every tree call it
+makes.
+
+A finishing or chunked request's insert starts where its lock ends: while a request is live its locked path
+cannot be evicted (splits only add nodes to it), so once its keys are checked against the request's tokens
+(one memcmp per node, `_admission_path`) the insert stamps those nodes as a walk from the root would and
+walks on from `req.last_node`. The tree's slots for those units are neither stored nor freed, so only the
+request's private slots are validated. When the check fails (the caller passed other tokens) the insert
+walks from the root as before.
 """
 
 from __future__ import annotations
@@ -30,13 +38,37 @@ class RequestOps:
     """Mixin base: the scheduler-facing operations on a `CachedReq`, around the hook `_insert_req_prefix`."""
 
     def _insert_req_prefix(
-        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
+        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int, path: list | None
     ) -> tuple[np.ndarray, int]:
         """Insert `key` (whole pages, `num_units = len(kv)` units, `owned <= num_units`; `token_bytes` are its
-        tokens' bytes) with the request's slots `kv`, of which `kv[:owned]` are already the tree's. Returns
-        the request's duplicate slots that the caller must still free (whole pages of `kv[owned:]`), and the
-        end of the range `[owned, end)` of `kv` whose slots the tree may have replaced by its own."""
+        tokens' bytes) with the request's slots `kv`, of which `kv[:owned]` are already the tree's. `path`
+        is `_admission_path`'s answer (None: walk from the root). Returns the request's duplicate slots that
+        the caller must still free (whole pages of `kv[owned:]`), and the end of the range `[owned, end)` of
+        `kv` whose slots the tree may have replaced by its own."""
         raise NotImplementedError
+
+    def _match_and_lock(self, key: RadixKey, token_bytes: bytes) -> tuple[np.ndarray, object, int | None]:
+        """`_match` then `inc_lock_ref` of the matched node: (slots, node, lock id). A tree may fuse them."""
+        slots, node = self._match(key, token_bytes)
+        return slots, node, self.inc_lock_ref(node)
+
+    def _admission_path(self, req: CachedReq, token_bytes: bytes) -> list | None:
+        """The nodes from the root's child down to `req.last_node` if their keys are exactly the first
+        `req.last_matched_prefix_len` units of the tokens whose bytes are `token_bytes` (at least that many
+        units), in the request's namespace; else None. An empty list when the request holds no match.
+        Changes nothing. Cost: O(depth) Python steps, one memcmp per node."""
+        node = req.last_node
+        path = node.path_from_root()
+        if not path:
+            return path if node is self.root and not req.last_matched_prefix_len else None
+        if path[0].parent is not self.root or path[0].key.extra_key != req.extra_key:
+            return None
+        start = 0
+        for n in path:
+            if not token_bytes.startswith(n.key_bytes, start):
+                return None
+            start += n.num_units * _TOKEN_BYTES
+        return path if start == req.last_matched_prefix_len * _TOKEN_BYTES else None
 
     def _kv_prefix_units(self, num_tokens: int) -> int:
         """Units of a request with `num_tokens` computed tokens that can go into the tree: R1 (EAGLE keeps the
@@ -58,8 +90,7 @@ class RequestOps:
             raise RequestStateError("admit needs a fresh request (no slots); release or finish it first")
         num_tokens = max(tokens.shape[0] - 1, 0)
         key = RadixKey(tokens[:num_tokens], self.eagle, req.extra_key)
-        slots, node = self._match(key, token_bytes[: num_tokens * _TOKEN_BYTES])
-        req.lock_id = self.inc_lock_ref(node)
+        slots, node, req.lock_id = self._match_and_lock(key, token_bytes[: num_tokens * _TOKEN_BYTES])
         req.kv_slots, req.last_node = slots, node
         req.prefix_len = req.last_matched_prefix_len = int(slots.shape[0])
         return req.prefix_len
@@ -94,7 +125,8 @@ class RequestOps:
         kv = req.kv_slots
         key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
         key_bytes = token_bytes[: (num_units + self.eagle) * _TOKEN_BYTES]
-        duplicates, changed_stop = self._insert_req_prefix(key, key_bytes, kv[:num_units], owned)
+        path = self._admission_path(req, key_bytes)
+        duplicates, changed_stop = self._insert_req_prefix(key, key_bytes, kv[:num_units], owned, path)
         if duplicates.shape[0]:
             self.allocator.free(duplicates)
         slots, node = self._match(key, key_bytes)
@@ -120,21 +152,27 @@ class RequestOps:
         self._check_progress(req, num_tokens, "cache_finished_req")
         owned, kv = req.last_matched_prefix_len, req.kv_slots
         num_units = self._kv_prefix_units(num_tokens)
+        path = None
         if not self.disabled and num_units >= owned:  # also with no new page: the insert refreshes the LRU
             key = RadixKey(tokens[: num_units + self.eagle], self.eagle, req.extra_key)
             key_bytes = token_bytes[: (num_units + self.eagle) * _TOKEN_BYTES]
-            duplicates, _ = self._insert_req_prefix(key, key_bytes, kv[:num_units], owned)
+            path = self._admission_path(req, key_bytes)
+            duplicates, _ = self._insert_req_prefix(key, key_bytes, kv[:num_units], owned, path)
             private = np.concatenate((duplicates, kv[num_units:])) if duplicates.shape[0] else kv[num_units:]
         else:
             private = kv[owned:]
-        self._free_and_forget(req, private)
+        self._free_and_forget(req, private, path)
 
     def release_req(self, req: CachedReq) -> None:
         """Abort / retract: free the request's private slots, keep what the tree owns, unlock, empty `req`."""
         self._free_and_forget(req, req.kv_slots[req.last_matched_prefix_len :])
 
-    def _free_and_forget(self, req: CachedReq, private: np.ndarray) -> None:
-        self.dec_lock_ref(req.last_node, req.lock_id)
+    def _free_and_forget(self, req: CachedReq, private: np.ndarray, path: list | None = None) -> None:
+        """Unlock `req` (through `path`, its checked root path, when given), free `private`, empty `req`."""
+        if path is None or self.disabled:
+            self.dec_lock_ref(req.last_node, req.lock_id)
+        else:
+            self._unlock_path(path, req.last_node, req.lock_id)
         if private.shape[0]:
             self.allocator.free(private)
         req.kv_slots = np.zeros(0, SLOT_DTYPE)

@@ -84,7 +84,11 @@ class SWALockOps:
         """
         if self.disabled:
             return
-        path = self._path(node)
+        self._unlock_path(self._path(node), node, lock_id)
+
+    def _unlock_path(self, path: list[SWANode], node: SWANode, lock_id: int | None) -> None:
+        """`dec_lock_ref(node, lock_id)` given `node`'s root path (root's child first), already checked to be
+        in this tree."""
         if lock_id is None:
             span = len(path)
         else:

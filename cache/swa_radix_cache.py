@@ -253,9 +253,18 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         return self._insert(key, token_bytes, slots, prev_prefix_len)
 
     def _insert(
-        self, key: RadixKey, token_bytes: bytes, slots: Sequence[int] | np.ndarray, prev_prefix_len: int
+        self,
+        key: RadixKey,
+        token_bytes: bytes,
+        slots: Sequence[int] | np.ndarray,
+        prev_prefix_len: int,
+        path: Sequence[SWANode] = (),
     ) -> int:
-        """`insert` of a prepared key (`token_bytes` are its tokens' bytes)."""
+        """`insert` of a prepared key (`token_bytes` are its tokens' bytes). `path` (root's child first) must
+        be nodes whose keys are the key's first units, `prev_prefix_len` of them (a request's checked locked
+        path, `_admission_path`): they are touched as the walk would touch them (their units are the tree's,
+        nothing to free or revive) and the walk goes on from the last; only the slots after them are
+        validated."""
         slots = as_slot_array(slots)
         num_units = len(key)
         check_page_aligned(num_units, self.page_size, "inserted key")
@@ -264,7 +273,7 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
                 f"key has {num_units} units ({key.num_tokens} tokens) but {slots.shape[0]} slots were given"
             )
         slots = slots[:num_units]
-        check_slots(slots, self.page_size)
+        check_slots(slots[prev_prefix_len:] if path else slots, self.page_size)
         if prev_prefix_len < 0:
             raise ValueError(f"prev_prefix_len must be >= 0, got {prev_prefix_len}")
         if self.disabled or num_units == 0:
@@ -272,6 +281,9 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
         prev = prev_prefix_len - prev_prefix_len % self.page_size
         tokens = key.tokens
         node, pos, to_free = self.root, 0, []
+        for node in path:  # whole nodes below `prev`: a touch each, as in the loop below
+            self._touch(node)
+            pos += node.num_units
         while pos < num_units:
             child = node.children.get(self._child_key(token_bytes, pos, key.extra_key))
             if child is None:

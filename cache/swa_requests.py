@@ -36,9 +36,10 @@ class SWARequestOps(RequestOps):
     """Mixin for `SWARadixCache`: the request operations of `cache.request_ops`, SWA insert hook."""
 
     def _insert_req_prefix(
-        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int
+        self, key: RadixKey, token_bytes: bytes, kv: np.ndarray, owned: int, path: list | None
     ) -> tuple[np.ndarray, int]:
-        """Insert with `prev_prefix_len = owned`: the tree frees the duplicates and revives tombstones, so
-        nothing is left to free, and every position in `[owned, len(kv))` may now hold a different slot."""
-        self._insert(key, token_bytes, kv, owned)
+        """Insert with `prev_prefix_len = owned` (from the end of `path` when given): the tree frees the
+        duplicates and revives tombstones, so nothing is left to free, and every position in
+        `[owned, len(kv))` may now hold a different slot."""
+        self._insert(key, token_bytes, kv, owned, path or ())
         return EMPTY_SLOTS, kv.shape[0]
