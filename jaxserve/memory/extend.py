@@ -85,6 +85,26 @@ def _plan_one(state: AllocatorState, pre: np.ndarray, seq: np.ndarray, last: np.
     return ExtendPlan(pre, seq, last, np.array([num_new_pages]), num_new_pages, continues_page)
 
 
+def fresh_pages_of_one(
+    state: AllocatorState, prefix_lens: object, seq_lens: object, last_locs: object
+) -> tuple[int, int] | None:
+    """(new pages, new slots) when the arguments are one request (1-element arrays, the lengths int64) whose
+    new positions start on a page boundary, so they fill whole fresh pages and the value of `last_locs`
+    plays no part; None otherwise (then `plan_extend` decides, and raises for bad input). Raises
+    InvalidAllocRequestError for bad lengths, as `plan_extend` would. Cost: Python ints only."""
+    arrays = (prefix_lens, seq_lens, last_locs)
+    if not all(type(a) is np.ndarray and a.shape == (1,) for a in arrays):
+        return None
+    if prefix_lens.dtype != np.int64 or seq_lens.dtype != np.int64:
+        return None
+    start, stop, p = int(prefix_lens[0]), int(seq_lens[0]), state.page_size
+    if start % p:
+        return None
+    if start < 0 or stop <= start:
+        raise _bad_lengths()
+    return -(-stop // p) - start // p, stop - start
+
+
 def _bad_lengths() -> InvalidAllocRequestError:
     return InvalidAllocRequestError("need 0 <= prefix_len <= seq_len per request and at least one new token")
 
@@ -142,6 +162,14 @@ def alloc_extend(
 
     Ownership: the new pages move to the caller; the partial-page slots were already the caller's.
     """
+    fresh = fresh_pages_of_one(state, prefix_lens, seq_lens, last_locs)
+    if fresh is not None:  # one request starting on a page boundary: whole fresh pages, no plan
+        num_pages, num_slots = fresh
+        result = A.alloc_pages(state, num_pages)
+        if isinstance(result, OutOfSlots):
+            return result
+        new_state, pages = result
+        return new_state, A.pages_to_slots(pages, state.page_size)[:num_slots]
     plan = plan_extend(state, prefix_lens, seq_lens, last_locs)
     new_state, pages = state, np.zeros(0, dtype=SLOT_DTYPE)
     if plan.num_new_pages:

@@ -149,6 +149,14 @@ def alloc_extend(
     Slots continuing a partial page share that page's existing SWA page (0 if its SWA side was freed).
     """
     check_state(state)
+    fresh = E.fresh_pages_of_one(state.full, prefix_lens, seq_lens, last_locs)
+    if fresh is not None:  # one request starting on a page boundary: whole fresh pages, no plan
+        num_pages, num_slots = fresh
+        result = _take_mapped_pages(state, num_pages)
+        if isinstance(result, OutOfSlots):
+            return result
+        new_state, pages = result
+        return new_state, A.pages_to_slots(pages, state.page_size)[:num_slots]
     plan = E.plan_extend(state.full, prefix_lens, seq_lens, last_locs)
     new_state, pages = state, np.zeros(0, dtype=SLOT_DTYPE)
     if plan.num_new_pages:

@@ -1,7 +1,8 @@
 """The allocators' fast paths answer exactly like the general rules they shortcut, and every check still
 raises: `SuffixMinLog.min_after` (O(1) when nothing was recorded later), `page_stack.is_free` (page 0),
-`swa_slots_of` on restored states, the page_size-1 and decode shortcuts of `extend.slots_for_plan`, and the
-SWA `free` that validates once and pushes unchecked."""
+`swa_slots_of` on restored states, the page_size-1 and decode shortcuts of `extend.slots_for_plan`, the
+single-request whole-page shortcut of both `alloc_extend`s (`extend.fresh_pages_of_one`), and the SWA `free`
+that validates once and pushes unchecked."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from jaxserve.memory import allocator as A
 from jaxserve.memory import extend as E
 from jaxserve.memory import page_stack
 from jaxserve.memory import swa_allocator as S
-from jaxserve.memory.errors import DoubleFreeError, SlotRangeError, StaleAllocatorStateError
+from jaxserve.memory.errors import DoubleFreeError, OutOfSlots, SlotRangeError, StaleAllocatorStateError
 
 
 @settings(max_examples=100, deadline=None)
@@ -74,8 +75,11 @@ def test_decode_and_token_shortcuts_match_the_general_rule(page_size: int, data)
     p = page_size
     n = data.draw(st.integers(1, 6))
     pre = np.array(data.draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)))
-    step = 1 if data.draw(st.booleans()) else np.array(data.draw(st.lists(st.integers(0, 3), min_size=n,
-                                                                            max_size=n)))
+    step = (
+        1
+        if data.draw(st.booleans())
+        else np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    )
     seq = pre + step
     if (seq - pre).sum() == 0:
         seq[0] += 1
@@ -120,3 +124,60 @@ def test_swa_free_checks_both_sides_once_and_still_raises() -> None:
         S.free(state, a)
     assert (state.full.stack.num_writes, state.swa.stack.num_writes) == (full_writes, swa_writes)
     assert state.mapping.num_zeroings == state.seen_zeroings  # the mapping was not zeroed either
+
+
+def _planned_extend(state, pre, seq, last, swa: bool):
+    """`alloc_extend` through the plan only (the general rule the single-request shortcut skips)."""
+    full = state.full if swa else state
+    plan = E.plan_extend(full, pre, seq, last)
+    new_state, pages = state, np.zeros(0, dtype=np.int64)
+    if plan.num_new_pages:
+        result = (
+            S._take_mapped_pages(state, plan.num_new_pages)
+            if swa
+            else A.alloc_pages(state, plan.num_new_pages)
+        )
+        if isinstance(result, OutOfSlots):
+            return result
+        new_state, pages = result
+    return new_state, E.slots_for_plan(plan, pages, full.page_size)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 2, 4]),
+    swa=st.booleans(),
+    held=st.integers(0, 6),
+    start=st.integers(-2, 14),
+    length=st.integers(-1, 30),
+    last_form=st.sampled_from(["one", "two", "list", "float"]),
+    dtype=st.sampled_from([np.int64, np.int32]),
+)
+def test_single_request_extend_equals_the_plan(page_size, swa, held, start, length, last_form, dtype) -> None:
+    """One request on a page boundary takes whole fresh pages without a plan: same slots, same state, same
+    OutOfSlots and the same errors as the planned path, for any argument shapes and dtypes."""
+
+    def fresh():
+        state = S.make_swa_allocator(8, 8, page_size) if swa else A.make_allocator(8, page_size)
+        if held:
+            state, _ = (S.alloc if swa else A.alloc)(state, held * page_size)
+        return state
+
+    pre, seq = np.array([start], dtype=dtype), np.array([start + length], dtype=dtype)
+    prev_slot = start + page_size if start > 0 else 0
+    last = {"one": np.array([prev_slot]), "two": np.array([prev_slot, 0]), "list": [prev_slot],
+            "float": np.array([float(prev_slot)])}[last_form]  # fmt: skip
+    outcomes = []
+    for fn in ((S.alloc_extend if swa else E.alloc_extend), lambda *a: _planned_extend(*a, swa=swa)):
+        try:
+            got = fn(fresh(), pre, seq, last)
+        except Exception as exc:  # both paths must raise alike
+            outcomes.append((type(exc), str(exc)))
+            continue
+        if isinstance(got, OutOfSlots):
+            outcomes.append(("out", got))
+        else:
+            new_state, slots = got
+            full = new_state.full if swa else new_state
+            outcomes.append((slots.tolist(), full.top, full.stack.entries[: full.top].tolist()))
+    assert outcomes[0] == outcomes[1]
