@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 
-# Preference per platform: the first one registered wins. On CPU the engine's default comes first: `xla`
-# is faster but not yet the default (see `jaxserve.layers.backends`), and a mapped name must not pick a
-# backend the engine itself does not trust.
+# Preference per platform: the first one registered wins (on each, the engine's own `auto` choice first).
 _BEST: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas_tpu", "xla", "native"),
     "gpu": ("pallas_gpu", "xla", "native"),
-    "cpu": ("native", "xla"),
+    "cpu": ("xla", "native"),
 }
 AUTO = "auto"  # the best registered backend of the platform
 # Our backends that run on one platform only.

@@ -35,7 +35,7 @@ def test_gpu_kernel_names_pick_the_gpu_kernel_on_a_gpu_and_warn_on_a_cpu():
     on_gpu = resolve_attention_backend("triton", "gpu", WITH_KERNELS)
     assert (on_gpu.backend, on_gpu.fallback) == ("pallas_gpu", False)
     on_cpu = resolve_attention_backend("fa3", "cpu", WITH_KERNELS)
-    assert (on_cpu.backend, on_cpu.fallback) == ("native", True) and "cannot run on cpu" in on_cpu.message
+    assert (on_cpu.backend, on_cpu.fallback) == ("xla", True) and "cannot run on cpu" in on_cpu.message
     assert resolve_attention_backend("fa", "tpu", WITH_KERNELS).backend == "pallas_tpu"
 
 
