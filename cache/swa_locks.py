@@ -49,7 +49,10 @@ class SWALockOps:
         """
         if self.disabled:
             return None
-        path = self._path(node)
+        return self._lock_path(self._path(node), node)
+
+    def _lock_path(self, path: list[SWANode], node: SWANode) -> int | None:
+        """`inc_lock_ref(node)` given `node`'s root path (root's child first), known to be in this tree."""
         span = self._swa_lock_span(path)
         swa_part = path[len(path) - span :]
         if any(n.tombstone for n in swa_part):

@@ -195,38 +195,62 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
 
     def _match(self, key: RadixKey, token_bytes: bytes) -> MatchResult:
         """`match_prefix` of a prepared key (`token_bytes` are its tokens' bytes)."""
+        slots, path = self._match_path(key, token_bytes)
+        return MatchResult(slots, path[-1] if path else self.root)
+
+    def _match_path(self, key: RadixKey, token_bytes: bytes) -> tuple[np.ndarray, list[SWANode]]:
+        """`_match`, answering the matched node's root path (root's child first; empty: the root)."""
         num_units = len(key) - len(key) % self.page_size
         if self.disabled or num_units == 0:
-            return MatchResult(EMPTY_SLOTS.copy(), self.root)
-        tokens = key.tokens[: num_units + self.eagle]
-        token_bytes = token_bytes[: (num_units + self.eagle) * _TOKEN_BYTES]
+            return EMPTY_SLOTS.copy(), []
+        bigram, extra_key = self.eagle, key.extra_key
+        tokens = key.tokens[: num_units + bigram]
+        token_bytes = token_bytes[: (num_units + bigram) * _TOKEN_BYTES]
+        head_bytes = (self.page_size + bigram) * _TOKEN_BYTES
         window = self.sliding_window
-        node, pos, values = self.root, 0, []
+        node, pos, path = self.root, 0, []
         since = math.inf  # live units since the last tombstone on the path; inf while there is none
-        best_len, best_node = 0, self.root  # the answer so far: number of `values` chunks, and its node
+        best_len = 0  # the answer so far: how many nodes of `path`
         while pos < num_units:
-            child = node.children.get(self._child_key(token_bytes, pos, key.extra_key))
+            start = pos * _TOKEN_BYTES
+            head = token_bytes[start : start + head_bytes]
+            child = node.children.get(head if extra_key is None else (extra_key, head))
             if child is None:
                 break
             if child.tombstone:
                 if since >= window:
-                    best_len, best_node = len(values), node
+                    best_len = len(path)
                 since = 0
-            m = self._common_units(child, tokens, token_bytes, pos, num_units)
+            if child.num_units <= num_units - pos and token_bytes.startswith(child.key_bytes, start):
+                m = child.num_units  # the whole node matches: one memcmp
+            else:
+                m = common_units(child, tokens, token_bytes, pos, num_units, bigram, self.page_size)
             ends_inside = m < child.num_units
             if ends_inside:
                 child = self._split(child, m)
-            values.append(child.value)
+            path.append(child)
             if not child.tombstone:
                 since += m
             node, pos = child, pos + m
             if ends_inside:
                 break
         if since >= window:
-            best_len, best_node = len(values), node
-        self._touch_path(best_node)
-        slots = np.concatenate(values[:best_len]) if best_len else EMPTY_SLOTS.copy()
-        return MatchResult(slots, best_node)
+            best_len = len(path)
+        del path[best_len:]
+        self._touch_path(path[-1] if path else self.root)
+        if not path:
+            return EMPTY_SLOTS.copy(), path
+        if len(path) == 1:
+            return path[0].value.copy(), path
+        return np.concatenate([n.value for n in path]), path
+
+    def _match_and_lock(self, key: RadixKey, token_bytes: bytes) -> tuple[np.ndarray, SWANode, int | None]:
+        """`_match` then `inc_lock_ref` of its node, locking the matched path without walking it again.
+        Returns (slots, node, lock id)."""
+        slots, path = self._match_path(key, token_bytes)
+        if not path:
+            return slots, self.root, None  # locking the root is a no-op
+        return slots, path[-1], self._lock_path(path, path[-1])
 
     # ------------------------------------------------------------------ insert
     def insert(
