@@ -19,6 +19,7 @@ exact bucket's in its last bit (about 1e-6), which a near tie could turn into an
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import itertools
@@ -26,6 +27,7 @@ import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -96,7 +98,9 @@ class Programs:
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Program] = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._stopped = False
         self.num_padded = 0  # calls that ran padded to a larger compiled bucket
+        _ALL_PROGRAMS.add(self)
 
     @property
     def num_compiles(self) -> int:
@@ -179,8 +183,35 @@ class Programs:
     def _work(self) -> None:
         while True:
             program = self._queue.get()
+            if program is None or self._stopped:
+                return
             if self._claim(program):
                 self._compile(program)
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the background thread: queued programs stay queued (a call that needs one compiles it on
+        its own thread); the compile in progress, if any, is waited for up to `timeout_s` seconds (None:
+        until it ends). Returns whether the thread has ended."""
+        self._stopped = True
+        self._queue.put(None)
+        if self._worker is not None:
+            self._worker.join(timeout_s)
+        return self._worker is None or not self._worker.is_alive()
+
+
+_ALL_PROGRAMS: weakref.WeakSet[Programs] = weakref.WeakSet()
+
+
+def stop_background_compiles(timeout_s: float | None = None) -> bool:
+    """`Programs.stop` for every `Programs` of the process, within `timeout_s` seconds in all (None: no
+    limit). Returns whether no compile is still running. Runs at interpreter exit: a compile thread killed
+    mid-compile aborts the process."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return all([programs.stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                for programs in list(_ALL_PROGRAMS)])
+
+
+atexit.register(stop_background_compiles)
 
 
 def largest_first(plan: list[tuple[Programs, Bucket, tuple]]) -> list[tuple[Programs, Bucket, tuple]]:

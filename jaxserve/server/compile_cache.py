@@ -21,6 +21,7 @@ logger = logging.getLogger("jaxserve.compile")
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
+BACKGROUND_THREAD_PREFIX = "compile-"  # `runner.Programs` names its compile threads so
 
 
 def default_cache_dir() -> Path:
@@ -59,8 +60,9 @@ def disable_compilation_cache() -> None:
 class CompileLog:
     """Counts compiles of this process from the moment it is installed and logs one INFO line per compile
     (`compile: jit(step) 2.31 s` or `... (persistent cache hit)`). `num_compiles` counts real compiles,
-    `num_cache_hits` the ones the persistent cache served; `compile_s` sums the seconds of both.
-    Thread-safe: JAX calls the listeners on whichever thread compiles."""
+    `num_cache_hits` the ones the persistent cache served; `compile_s` sums the seconds of both;
+    `foreground` counts (compiles, hits) outside the background compile threads (`runner.Programs`), the
+    ones a caller waited for. Thread-safe: JAX calls the listeners on whichever thread compiles."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -68,6 +70,7 @@ class CompileLog:
         self.num_compiles = 0
         self.num_cache_hits = 0
         self.compile_s = 0.0
+        self.foreground = (0, 0)
 
     def install(self) -> CompileLog:
         """Register with JAX's monitoring (listeners cannot be removed: install once per process)."""
@@ -86,11 +89,16 @@ class CompileLog:
             return
         hit = getattr(self._hit, "pending", False)
         self._hit.pending = False
+        background = threading.current_thread().name.startswith(BACKGROUND_THREAD_PREFIX)
         with self._lock:
             self.compile_s += duration_s
             if hit:
                 self.num_cache_hits += 1
             else:
                 self.num_compiles += 1
+            if not background:
+                compiles, hits = self.foreground
+                self.foreground = (compiles + (not hit), hits + hit)
         name = kwargs.get("fun_name", "?")
-        logger.info("compile: %s %.2f s%s", name, duration_s, " (persistent cache hit)" if hit else "")
+        logger.info("compile: %s %.2f s%s%s", name, duration_s, " (persistent cache hit)" if hit else "",
+                    " (background)" if background else "")

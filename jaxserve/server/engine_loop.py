@@ -230,7 +230,7 @@ class EngineLoop:
 
     def _compiles(self) -> tuple[int, int]:
         log = self.compile_log
-        return (0, 0) if log is None else (log.num_compiles, log.num_cache_hits)
+        return (0, 0) if log is None else log.foreground
 
     def _log_interval(self, engine: Engine) -> None:
         usage = kv_usage(engine)

@@ -4,7 +4,8 @@ Once the socket listens and the engine thread runs, one line `jaxserve ready on 
 to stdout (tests and scripts wait for it; with `--port 0` it carries the port the OS chose), followed by a
 curl command and the send_one command (the API key, when set, is never printed). On SIGINT/SIGTERM uvicorn
 stops accepting connections, lets open ones finish for up to `GRACEFUL_SHUTDOWN_S`, then the engine thread
-aborts what is left, one `Shutdown:` line goes to stderr; exit status 0.
+aborts what is left, one `Shutdown:` line goes to stderr; exit status 0 (a background compile still running
+then is left unfinished: the process exits without waiting for it).
 
 Before the engine is built, JAX's persistent compilation cache is turned on (`server.compile_cache`; a
 restarted server then loads its step programs instead of compiling them) and the `jaxserve` loggers are
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -30,6 +32,7 @@ from jaxserve.server.args import LaunchArgs, UnsupportedFlagError, parse_launch_
 logger = logging.getLogger("jaxserve.server")
 
 GRACEFUL_SHUTDOWN_S = 20  # live requests are aborted first; this covers a step (or a compile) in flight
+COMPILE_STOP_S = 2.0  # at exit, how long a background compile in progress is waited for
 
 
 class LaunchError(RuntimeError):
@@ -235,4 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{args.cache_snapshot}")
     logger.info(server_log.shutdown_line(num_finished=loop.num_finished, num_aborted=loop.num_aborted,
                                          uptime_s=time.monotonic() - started))
+    from jaxserve.engine.runner import stop_background_compiles
+
+    if not stop_background_compiles(timeout_s=COMPILE_STOP_S):  # a compile cannot be cut short: leave now
+        logger.info("shutdown: leaving a background compile unfinished")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -9,9 +9,10 @@ prefills of up to `PREFILL_TOKENS` tokens at that width. Other shapes compile on
 background while their steps run padded. `/health` reports `{"status": "warming", "compiled": k,
 "total": n}` (programs) until the last one is compiled.
 
-`prime(engine)` runs one short request to completion before the server listens, with or without
-`--warmup`: a restarted server then loads the programs a first short request needs from the persistent
-compilation cache before it says it is ready, instead of while that request waits.
+`prime(engine)` runs one short request to completion and compiles the largest bucket of each program before
+the server listens, with or without `--warmup`: no step waits for a compile after that (it runs padded
+while its own program compiles in the background), and a restarted server loads these programs from the
+persistent compilation cache before it says it is ready, instead of while a request waits.
 """
 
 from __future__ import annotations
@@ -81,11 +82,17 @@ class Warmup:
 
 
 def prime(engine, vocab_size: int) -> float:
-    """Run one short synthetic request through `engine` (idle, not yet serving) and flush the cache again;
-    returns the seconds it took."""
+    """Run one short synthetic request through `engine` (idle, not yet serving), flush the cache again and
+    compile the largest bucket of each of the stepper's programs (from then on a step whose own program is
+    not compiled yet runs padded instead of waiting); returns the seconds it took."""
     start = time.monotonic()
     prompt = np.random.default_rng(0).integers(2, max(3, vocab_size), size=PROMPT_TOKENS).tolist()
     engine.generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": NEW_TOKENS,
                                                        "ignore_eos": True})
     engine.flush_cache()
+    largest: dict = {}
+    for programs, bucket, args in engine.stepper.warm_plan():
+        largest.setdefault(programs, (bucket, args))
+    for event in [programs.prepare(bucket, args) for programs, (bucket, args) in largest.items()]:
+        event.wait()
     return time.monotonic() - start
