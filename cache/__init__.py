@@ -1,8 +1,9 @@
 """Host-side prefix cache: radix trees mapping token prefixes to KV slots. Pure Python + numpy, no JAX.
 
 Public API: `RadixKey` (keys, EAGLE bigram view), `RadixCache` (plain full-attention tree), `SWARadixCache`
-(hybrid sliding-window tree), `MatchResult`, `CachedReq` (a request as the cache sees it), the allocator
-protocols the trees free through, and the exceptions. `cache.testing` has checked allocators for tests.
+(hybrid sliding-window tree), `MatchResult`, `CachedReq` (a request as the cache sees it), `TreeState` (a
+tree as plain data: `export_state` / `import_state`) with `allocate_state_slots`, the allocator protocols the
+trees free through, and the exceptions. `cache.testing` has checked allocators for tests.
 """
 
 from cache.allocator import SlotAllocator, SWASlotAllocator
@@ -18,12 +19,15 @@ from cache.errors import (
     OutOfSlotsError,
     PageAlignmentError,
     RequestStateError,
+    StateError,
     ValueLengthError,
 )
 from cache.keys import RadixKey, match_units
 from cache.match import MatchResult
 from cache.radix_cache import RadixCache
 from cache.request import CachedReq
+from cache.state_slots import allocate_state_slots
+from cache.tree_state import TreeState
 
 
 def __getattr__(name: str):
@@ -54,6 +58,9 @@ __all__ = [
     "SWARadixCache",
     "SWASlotAllocator",
     "SlotAllocator",
+    "StateError",
+    "TreeState",
     "ValueLengthError",
+    "allocate_state_slots",
     "match_units",
 ]

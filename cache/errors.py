@@ -48,3 +48,8 @@ class InvariantError(CacheError, AssertionError):
 class RequestStateError(CacheError, ValueError):
     """A request-level call that does not fit the request's state (e.g. finishing with fewer tokens than it
     already holds, or admitting a request that still holds slots)."""
+
+
+class StateError(CacheError, ValueError):
+    """A tree state that cannot be exported (a live request holds a lock) or imported (it does not describe
+    a valid tree of this kind, or the tree to import into is not empty)."""

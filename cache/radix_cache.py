@@ -49,6 +49,8 @@ from cache.pretty import format_tree
 from cache.radix_invariants import check_radix_invariants
 from cache.radix_requests import RadixRequestOps
 from cache.slots import EMPTY_SLOTS, as_slot_array, check_slots
+from cache.tree_export import export_radix, import_radix
+from cache.tree_state import TreeState
 
 
 class RadixCache(RadixRequestOps):
@@ -371,6 +373,19 @@ class RadixCache(RadixRequestOps):
         self._evictable_size -= leaf.num_units
         self._num_nodes -= 1
         leaf.parent = None
+
+    # ------------------------------------------------------------------ export / import
+    def export_state(self) -> TreeState:
+        """The tree as plain data: nodes parent-first (keys, full slots, parents) and the LRU order
+        (`cache.tree_state`). Raises StateError while any node is locked. The tree is unchanged."""
+        return export_radix(self)
+
+    def import_state(self, state: TreeState) -> None:
+        """Rebuild an exported tree in this empty one (same page size and key mode), taking ownership of
+        `state.slots` (allocated in this tree's allocator, owned by nobody else). Afterwards this tree
+        behaves as the exported one did (`cache.tree_export`). Raises StateError, changing nothing, on a
+        state that is invalid or does not fit."""
+        import_radix(self, state)
 
     # ------------------------------------------------------------------ debugging
     def check_invariants(self, live_reqs=()) -> dict[str, int]:

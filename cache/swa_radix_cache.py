@@ -51,11 +51,13 @@ from cache.match import MatchResult, common_units
 from cache.node_base import _TOKEN_BYTES, drop_all
 from cache.slots import EMPTY_SLOTS, as_slot_array, check_slots
 from cache.swa_eviction import SWAEvictionOps
+from cache.swa_export import export_swa, import_swa
 from cache.swa_invariants import check_swa_invariants
 from cache.swa_locks import SWALockOps
 from cache.swa_node import SWANode
 from cache.swa_pretty import format_swa_tree
 from cache.swa_requests import SWARequestOps
+from cache.tree_state import TreeState
 
 
 class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
@@ -376,6 +378,21 @@ class SWARadixCache(SWALockOps, SWAEvictionOps, SWARequestOps):
             self.swa_lru.push_mru(upper.swa_link)
             self.swa_lru.push_mru(child.swa_link)
         return upper
+
+    # ------------------------------------------------------------------ export / import
+    def export_state(self) -> TreeState:
+        """The tree as plain data: nodes parent-first (keys, full slots, parents, tombstone flags) and
+        both LRU orders (`cache.tree_state`). Raises StateError while any node is locked. The tree is
+        unchanged."""
+        return export_swa(self)
+
+    def import_state(self, state: TreeState) -> None:
+        """Rebuild an exported tree in this empty one (same page size, key mode and window), taking
+        ownership of `state.slots`: allocated in this tree's allocator and owned by nobody else, a live
+        node's mapped to SWA slots, a tombstone's to none (`cache.state_slots`). Afterwards this tree
+        behaves as the exported one did (`cache.swa_export`). Raises StateError, changing nothing, on a
+        state that is invalid or does not fit."""
+        import_swa(self, state)
 
     # ------------------------------------------------------------------ debugging
     def check_invariants(self, live_reqs=()) -> dict[str, int]:
