@@ -176,7 +176,7 @@ def test_a_state_moved_to_a_fresh_allocator_behaves_the_same_up_to_slot_names(
     rename = dict(zip(state.slots.tolist(), moved.slots.tolist(), strict=True))
     assert tree.export_state().equals(moved)
     twin = Driver(tree, alloc, original.bases)
-    for op, base, cut, suffix in queries:  # matches only: inserts would take differently named slots
+    for _op, base, cut, suffix in queries:  # matches only: inserts would take differently named slots
         want = original.run("match", base, cut, suffix)
         assert twin.run("match", base, cut, suffix) == ("match", [rename[s] for s in want[1]])
     moved_steps, steps = drain(twin), drain(original)
