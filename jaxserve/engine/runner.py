@@ -67,15 +67,14 @@ def _signature(args: tuple) -> tuple:
 
 @dataclasses.dataclass(eq=False)
 class _Program:
-    """One executable of a `Programs`: its bucket, the abstract arguments it is lowered from, its state
-    (`queued`, `compiling`, `ready` or `failed`; `done` is set at the last two) and compile seconds."""
+    """One executable of a `Programs`: its bucket, the abstract arguments it is lowered from and its state
+    (`queued`, `compiling`, `ready` or `failed`; `done` is set at the last two)."""
 
     bucket: Bucket
     specs: tuple
     state: str = "queued"
     compiled: Any = None
     error: BaseException | None = None
-    seconds: float = 0.0
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
@@ -171,13 +170,11 @@ class Programs:
         return program.compiled
 
     def _compile(self, program: _Program) -> None:
-        t0 = time.perf_counter()
         try:
             program.compiled = self.fn.lower(*program.specs).compile()
             program.state = "ready"
         except Exception as exc:  # re-raised by the call that needs this program (`_compiled_now`)
             program.error, program.state = exc, "failed"
-        program.seconds = time.perf_counter() - t0
         program.done.set()
 
     def _work(self) -> None:
@@ -311,11 +308,6 @@ class ModelRunner:
         """Distinct executables of the step requested so far (one per bucket shape used, and per shape used
         by a step with prompt logprobs; a shape that ran padded counts once its own program is queued)."""
         return self._step.num_compiles + self._prompt_step.num_compiles
-
-    @property
-    def num_padded(self) -> int:
-        """Steps that ran padded to a larger compiled bucket (their own was not compiled yet)."""
-        return self._step.num_padded + self._prompt_step.num_padded
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
         """(programs, bucket, arguments) of every plain-step bucket shape (seqs <= tokens), ordered by

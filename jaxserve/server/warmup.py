@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jaxserve.api import Engine
+    from jaxserve.engine.runner import Bucket, Programs
 
 logger = logging.getLogger("jaxserve.server")
 
@@ -29,7 +34,7 @@ NEW_TOKENS = 3
 PREFILL_TOKENS = 64  # single-sequence prefill buckets warmed at the narrowest width, up to this many tokens
 
 
-def plan_shapes(engine) -> list[tuple]:
+def plan_shapes(engine: Engine) -> list[tuple[Programs, Bucket, tuple]]:
     """The warm-up cut of `engine.stepper.warm_plan()` (see the module docstring), in its order."""
     plan = engine.stepper.warm_plan()
     narrowest = min(engine.buckets.pages)
@@ -51,7 +56,7 @@ class Warmup:
     """The warm-up plan of one engine and its progress: `advance` (on the engine thread) queues the plan's
     programs on the background compile thread; `done` and `total` may be read from any thread."""
 
-    def __init__(self, plan: list[tuple]) -> None:
+    def __init__(self, plan: list[tuple[Programs, Bucket, tuple]]) -> None:
         self.plan = plan
         self.total = len(plan)
         self._events: list = []
@@ -64,24 +69,25 @@ class Warmup:
 
     @property
     def finished(self) -> bool:
-        return len(self._events) == self.total and self.done == self.total
+        """Every program of the plan is compiled and the engine thread has noticed (`advance`)."""
+        return self._logged
 
     def status(self) -> dict[str, object]:
         return {"status": "warming", "compiled": self.done, "total": self.total}
 
-    def advance(self, engine) -> None:
+    def advance(self, engine: Engine) -> None:
         """Queue the plan (first call), then log once it is all compiled. Call between engine steps on the
         engine thread."""
         if not self._events:
             self._events = [programs.prepare(bucket, args) for programs, bucket, args in self.plan]
             logger.info(f"warmup: {self.total} step programs queued for the background compile thread")
-        if self.finished and not self._logged:
+        if not self._logged and self.done == self.total:
             self._logged = True
             seconds = time.monotonic() - self._started
             logger.info(f"warmup finished in {seconds:.1f} s ({self.total} programs)")
 
 
-def prime(engine, vocab_size: int) -> float:
+def prime(engine: Engine, vocab_size: int) -> float:
     """Run one short synthetic request through `engine` (idle, not yet serving), flush the cache again and
     compile the largest bucket of each of the stepper's programs (from then on a step whose own program is
     not compiled yet runs padded instead of waiting); returns the seconds it took."""
