@@ -95,6 +95,8 @@ class TreeState:
         keys, whole distinct pages of valid slots, LRU orders that list each (live) node once, no
         tombstone leaf. O(nodes + slots) numpy work plus one Python step per node."""
         n, p, eagle = self.num_nodes, self.page_size, int(self.eagle)
+        if p < 1:
+            raise StateError(f"page_size must be >= 1, got {p}")
         arrays = (self.parents, self.token_offsets, self.tokens, self.slots, self.full_lru)
         if any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays):
             raise StateError("state arrays must be 1-D integer arrays")

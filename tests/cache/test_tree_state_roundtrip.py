@@ -216,3 +216,15 @@ def test_a_locked_tree_is_not_exported_and_bad_states_are_refused_unchanged() ->
     refused(state, "empty", tree)
     plain, _ = make_tree(False, 1, False, 1)
     refused(state, "sliding_window", plain)
+
+
+def test_the_readme_example() -> None:
+    """`cache/README.md`, "Export and import"."""
+    tree, alloc = make_tree(True, 1, False, 2)
+    for toks in ([1, 2, 3, 4], [1, 2, 5]):
+        tree.insert(toks, alloc.alloc(len(toks)))
+    assert tree.evict(0, 2) == (0, 2)
+    state = tree.export_state()
+    assert state.parents.tolist() == [-1, 0, 0] and state.tombstone.tolist() == [True, False, False]
+    assert state.full_lru.tolist() == [0, 1, 2] and state.swa_lru.tolist() == [1, 2]
+    assert [state.node_tokens(i).tolist() for i in range(3)] == [[1, 2], [3, 4], [5]]
