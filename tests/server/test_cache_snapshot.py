@@ -1,14 +1,18 @@
 """Warm restart: a snapshot of one engine's prefix tree and KV, restored into a fresh engine, serves a known
-prefix from the cache (`cached_tokens > 0`) with the cold engine's output; a snapshot that is missing,
-mismatched, partial or corrupt is refused with one log line and leaves the engine cold and untouched."""
+prefix from the cache (`cached_tokens > 0`) with the cold engine's output; SWA tombstones and the LRU order
+survive the restart (the restored tree equals the saved one and evicts in the same order); a snapshot that
+is missing, mismatched, partial, corrupt or of the older format is refused with one log line and leaves the
+engine cold and untouched."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxserve import Engine
@@ -55,6 +59,71 @@ def test_restored_engine_serves_the_prefix_from_cache_with_the_same_output(sourc
     assert engine.kv.tree.num_nodes == nodes
 
 
+def _without_slot_ids(tree) -> dict:
+    """The tree's exported state as plain values, without its slot ids (they differ after a restart):
+    structure, keys, tombstones and LRU orders."""
+    state = dataclasses.asdict(tree.export_state())
+    del state["slots"]
+    return {name: value.tolist() if isinstance(value, np.ndarray) else value for name, value in state.items()}
+
+
+def _drain(tree) -> list:
+    """Evict the tree one unit at a time, SWA eviction (tombstoning) first: each step's freed counts and the
+    tree left after it."""
+    steps = []
+    while tree.swa_evictable_size:
+        steps.append((tree.evict(0, 1), _without_slot_ids(tree)))
+    while tree.num_nodes:
+        steps.append((tree.evict(1, 0), _without_slot_ids(tree)))
+    return steps
+
+
+def test_swa_tombstones_and_the_lru_order_survive_a_restart(tmp_path: Path) -> None:
+    """A root-side node tombstoned by SWA eviction is saved with its full KV and restored as a tombstone; a
+    prompt matched through it is served from the cache with the cold output; the restored tree evicts and
+    tombstones in the saved order."""
+    engine = Engine()
+    tree = engine.kv.tree
+    assert engine.kv.hybrid and not tree.eagle
+    window = tree.sliding_window
+    rng = np.random.RandomState(7)
+    prompt = rng.randint(1, 512, size=2 * window + 8).tolist()
+    cold = engine.generate(input_ids=prompt, sampling_params=GREEDY)
+    tree.match_prefix(prompt[:window])  # splits the prompt's node after `window` tokens
+    tree.match_prefix(prompt)  # its upper half is now less recent than the lower
+    engine.generate(input_ids=rng.randint(1, 512, size=window).tolist(), sampling_params=GREEDY)
+    tree.evict(0, window)  # tombstones the prompt's upper half, the least recent node
+    state = tree.export_state()
+    assert state.tombstone.sum() == 1
+    tomb = int(np.flatnonzero(state.tombstone)[0])
+    assert state.parents[tomb] == -1 and state.node_tokens(tomb).tolist() == prompt[:window]
+    saved = cache_snapshot.save(engine, tmp_path / "snapshot")
+    restored_engine = Engine()
+    assert cache_snapshot.restore(restored_engine, tmp_path / "snapshot") == saved
+    restored = restored_engine.kv.tree
+    restored.check_invariants()
+    assert _without_slot_ids(restored) == _without_slot_ids(tree)
+    warm = restored_engine.generate(input_ids=prompt, sampling_params=GREEDY)
+    again = engine.generate(input_ids=prompt, sampling_params=GREEDY)
+    assert warm["meta_info"]["cached_tokens"] == again["meta_info"]["cached_tokens"] > window
+    assert warm["output_ids"] == again["output_ids"] == cold["output_ids"]
+    assert _drain(restored) == _drain(tree)
+    restored_engine.check_memory()
+
+
+def test_a_tree_locked_by_a_live_request_is_not_saved(source, tmp_path: Path) -> None:
+    engine = source["engine"]
+    tree = engine.kv.tree
+    node = next(iter(tree.iter_nodes()))
+    lock_id = tree.inc_lock_ref(node)
+    try:
+        with pytest.raises(cache_snapshot.SnapshotRefused, match="locked"):
+            cache_snapshot.save(engine, tmp_path / "snapshot")
+    finally:
+        tree.dec_lock_ref(node, lock_id)
+    assert not (tmp_path / "snapshot").exists()
+
+
 def test_saving_again_replaces_the_snapshot_whole(source, tmp_path: Path) -> None:
     target = tmp_path / "snap"
     cache_snapshot.save(source["engine"], target)
@@ -89,9 +158,21 @@ DAMAGE = {
     "no metadata": (lambda d: (d / "snapshot.json").unlink(), "not a complete snapshot"),
     "truncated metadata": (lambda d: (d / "snapshot.json").write_text('{"format": 1, "nod'), "unreadable"),
     "flipped kv bytes": (_flip_kv_bytes, "kv"),
-    "a node without its parent": (lambda d: _edit_meta(d, lambda m: m["nodes"][0].update(parent=5)),
+    "a node without its parent": (lambda d: _edit_meta(d, lambda m: m["tree"]["parents"].__setitem__(0, 5)),
                                   "parent-first"),
+    "format 1 (no tombstones, no LRU order)": (lambda d: _edit_meta(d, _as_format_1), "format 1"),
+    "format 2 without its tree": (lambda d: _edit_meta(d, lambda m: m.pop("tree")), "unreadable"),
 }
+
+
+def _as_format_1(meta: dict) -> None:
+    """The layout format 1 wrote: a node list with slot counts, no tombstone flags, no LRU order."""
+    tree = meta.pop("tree")
+    offsets = tree["token_offsets"]
+    meta["format"] = 1
+    meta["nodes"] = [{"parent": parent, "tokens": tree["tokens"][offsets[i]:offsets[i + 1]],
+                      "extra_key": None, "num_slots": offsets[i + 1] - offsets[i]}
+                     for i, parent in enumerate(tree["parents"])]
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
