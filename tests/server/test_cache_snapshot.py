@@ -71,10 +71,10 @@ def _drain(tree) -> list:
     """Evict the tree one unit at a time, SWA eviction (tombstoning) first: each step's freed counts and the
     tree left after it."""
     steps = []
-    while tree.swa_evictable_size:
+    while getattr(tree, "swa_evictable_size", 0):  # the plain tree has no SWA side
         steps.append((tree.evict(0, 1), _without_slot_ids(tree)))
     while tree.num_nodes:
-        steps.append((tree.evict(1, 0), _without_slot_ids(tree)))
+        steps.append((tree.evict(1), _without_slot_ids(tree)))
     return steps
 
 
@@ -108,6 +108,31 @@ def test_swa_tombstones_and_the_lru_order_survive_a_restart(tmp_path: Path) -> N
     assert warm["meta_info"]["cached_tokens"] == again["meta_info"]["cached_tokens"] > window
     assert warm["output_ids"] == again["output_ids"] == cold["output_ids"]
     assert _drain(restored) == _drain(tree)
+    restored_engine.check_memory()
+
+
+def test_a_plain_tree_restores_its_lru_order(tmp_path: Path) -> None:
+    """A full-attention model (the plain tree): the prefix touched last before the save is evicted last
+    after the restore, as in the saved engine (restoring in insertion order would evict it first)."""
+    from tests.server.checkpoint import write_tiny_checkpoint
+
+    model = str(write_tiny_checkpoint(tmp_path / "llama"))
+    engine = Engine(model_path=model)
+    assert not engine.kv.hybrid
+    rng = np.random.RandomState(5)
+    shared = rng.randint(1, 512, size=12).tolist()
+    first, second = (shared + rng.randint(1, 512, size=6).tolist() for _ in range(2))
+    cold = [engine.generate(input_ids=p, sampling_params=GREEDY) for p in (first, second)]
+    engine.kv.tree.match_prefix(first)  # the first prompt's path becomes the most recent
+    saved = cache_snapshot.save(engine, tmp_path / "snapshot")
+    restored_engine = Engine(model_path=model)
+    assert cache_snapshot.restore(restored_engine, tmp_path / "snapshot") == saved
+    restored = restored_engine.kv.tree
+    assert _without_slot_ids(restored) == _without_slot_ids(engine.kv.tree)
+    warm = restored_engine.generate(input_ids=second, sampling_params=GREEDY)
+    assert warm["meta_info"]["cached_tokens"] > 0 and warm["output_ids"] == cold[1]["output_ids"]
+    engine.generate(input_ids=second, sampling_params=GREEDY)
+    assert _drain(restored) == _drain(engine.kv.tree)
     restored_engine.check_memory()
 
 
