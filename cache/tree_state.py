@@ -64,11 +64,8 @@ class TreeState:
         return np.ones(self.num_nodes, bool) if self.tombstone is None else ~self.tombstone
 
     def node_tokens(self, i: int) -> np.ndarray:
+        """Node i's key tokens (a view)."""
         return self.tokens[self.token_offsets[i] : self.token_offsets[i + 1]]
-
-    def node_slots(self, i: int) -> np.ndarray:
-        offsets = self.slot_offsets
-        return self.slots[offsets[i] : offsets[i + 1]]
 
     def with_slots(self, slots: np.ndarray) -> TreeState:
         """The same tree over other full slots (`slots[k]` replaces `self.slots[k]`), e.g. the ones a fresh
