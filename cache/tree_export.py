@@ -50,6 +50,8 @@ def refuse_locked(num_locked: int) -> None:
 
 
 def base_state(tree: Any, nodes: list[Any], full_lru: list[Any], **swa: Any) -> TreeState:
+    """The state of `nodes` (from `walk`) with `full_lru` (the same nodes, least recent first) and the SWA
+    fields `swa`; every array is a fresh copy, none aliases the tree."""
     index = {id(node): i for i, node in enumerate(nodes)}
     tokens = [node.key.tokens for node in nodes]
     return TreeState(
@@ -73,6 +75,8 @@ def export_radix(tree: Any) -> TreeState:
 
 
 def check_importable(tree: Any, state: TreeState, sliding_window: int | None) -> None:
+    """Raise StateError unless `state` is valid and fits `tree` (kind, page size, key mode, window; empty;
+    its slots not free in the tree's allocator)."""
     if (state.page_size, state.eagle, state.sliding_window) != (tree.page_size, tree.eagle, sliding_window):
         raise StateError(
             f"state of page_size={state.page_size}, eagle={state.eagle}, sliding_window="
@@ -100,6 +104,7 @@ def node_keys(state: TreeState) -> list[tuple[RadixKey, bytes]]:
 
 
 def node_values(state: TreeState) -> list[np.ndarray]:
+    """Each node's full slots, as views of one copy of `state.slots`."""
     slots = np.array(state.slots, SLOT_DTYPE)
     offsets = state.slot_offsets.tolist()
     return [slots[offsets[i] : offsets[i + 1]] for i in range(state.num_nodes)]
