@@ -22,13 +22,13 @@ from cache.testing import CheckedAllocator, CheckedSWAAllocator
 
 VOCAB = 3
 OP = st.tuples(
-    st.sampled_from(["insert", "insert", "match", "lock", "unlock", "evict", "evict_swa"]),
+    st.sampled_from(["insert"] * 3 + ["match", "lock", "unlock", "evict"] + ["evict_swa"] * 2),
     st.integers(0, 1),  # base sequence
     st.integers(0, 40),  # cut into it
     st.lists(st.integers(0, VOCAB - 1), max_size=6),  # suffix
 )
 HISTORY = st.lists(OP, max_size=40)
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class Driver:
@@ -77,8 +77,8 @@ class Driver:
             tree.dec_lock_ref(node, lock_id)
             return ("unlock", node.num_units)
         if op == "evict":
-            return ("evict", self.evict(cut % 9))
-        return ("evict_swa", self.evict(0, cut % 9))  # the plain tree: a no-op eviction
+            return ("evict", self.evict(cut % 5))
+        return ("evict_swa", self.evict(0, cut % 5))  # the plain tree: a no-op eviction
 
     def release_all(self) -> None:
         while self.locks:
@@ -87,9 +87,9 @@ class Driver:
 
 def make_tree(swa: bool, page_size: int, eagle: bool, window: int):
     if swa:
-        alloc = CheckedSWAAllocator(30 * page_size, 12 * page_size, page_size)
+        alloc = CheckedSWAAllocator(80 * page_size, 40 * page_size, page_size)
         return SWARadixCache(alloc, sliding_window=window, page_size=page_size, eagle=eagle), alloc
-    alloc = CheckedAllocator(30 * page_size, page_size)
+    alloc = CheckedAllocator(80 * page_size, page_size)
     return RadixCache(alloc, page_size=page_size, eagle=eagle), alloc
 
 
