@@ -233,9 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = _make_server(config, on_first_exit=loop.abort_all)
     asyncio.run(_serve(server, sock, banner(args.host, port, args.api_key)))
     if args.cache_snapshot is not None:  # the engine thread has stopped: the tree is quiescent
-        saved = cache_snapshot.save(engine, args.cache_snapshot)
-        logger.info(f"cache snapshot: saved {saved.num_nodes} nodes, {saved.num_slots} KV slots to "
-                    f"{args.cache_snapshot}")
+        try:
+            saved = cache_snapshot.save(engine, args.cache_snapshot)
+        except cache_snapshot.SnapshotRefused as e:  # a request still held the tree: keep the last snapshot
+            logger.warning(f"cache snapshot: not saved at shutdown ({e}); {args.cache_snapshot} keeps the "
+                           f"previous one")
+        else:
+            logger.info(f"cache snapshot: saved {saved.num_nodes} nodes, {saved.num_slots} KV slots to "
+                        f"{args.cache_snapshot}")
     logger.info(server_log.shutdown_line(num_finished=loop.num_finished, num_aborted=loop.num_aborted,
                                          uptime_s=time.monotonic() - started))
     from jaxserve.engine.runner import stop_background_compiles
