@@ -42,7 +42,7 @@ from jaxserve.engine.request import Request, Status, make_request
 from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.step_input import Buckets
 from jaxserve.engine.stepper import PlainStepper, Stepper
-from jaxserve.models.decoder import CausalLM
+from jaxserve.models.decoder import CausalLM, scan_layers
 from jaxserve.sampling import SamplingParams, SeedSource
 from jaxserve.sampling.grammar import GrammarBackend
 from jaxserve.speculative.loading import load_draft
@@ -67,6 +67,8 @@ class Engine:
         if model is None:
             aux_ids = tuple(draft_model.config.aux_layer_ids) if speculative else ()
             model, tokenizer = load_model_and_tokenizer(self.args, aux_hidden_state_layer_ids=aux_ids)
+        if not self.args.disable_layer_scan:
+            model = scan_layers(model)  # a model loaded here is dropped: only the stacked layers stay
         self.model, self.tokenizer = model, tokenizer
         config = model.config
         self.vocab_size = int(config.vocab_size)

@@ -46,6 +46,9 @@ class ServerArgs:
     "never" (plain steps only, the draft kept usable). speculative_disable_batch_size:
     decode plainly at this many decoding requests or more (a fixed threshold, under any policy; None: no
     threshold).
+    disable_layer_scan: run the decoder layers as an unrolled Python loop inside the step instead of one
+    `jax.lax.scan` over stacked layer parameters (`jaxserve.models.decoder.scan_layers`, the default:
+    compile time does not grow with depth); same outputs, for comparison and debugging.
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
     bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
     with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
@@ -74,6 +77,7 @@ class ServerArgs:
     grammar_backend: str = "llguidance"
     speculative_policy: str = "always"
     speculative_disable_batch_size: int | None = None
+    disable_layer_scan: bool = False
     debug_token_keys: bool = False
 
     def __post_init__(self) -> None:

@@ -8,6 +8,8 @@ Call contract (`CausalLM.__call__`), for a ragged step of T tokens from S sequen
 - `logits`: float32 `[S, vocab]` at `meta.sample_idx`, or `[T, vocab]` with `return_all_logits`.
 - `kv_pools`: a `jaxserve.memory.KVPool` or `HybridKVPool` (see `KVLayout.make_pools`); every layer
   writes its K/V first, then reads; the returned pools replace the input (donate them under jit).
+- `layers`: an `nnx.List` of `DecoderLayer`s run as an unrolled loop, or after `scan_layers` a
+  `jaxserve.models.layer_stack.LayerStack` run as one `jax.lax.scan` (same results).
 - `aux_hidden`: `[T, len(ids) * hidden]` concatenation, in `aux_hidden_state_layer_ids` order, of the
   residual stream at the OUTPUT of each listed layer j (= the input of layer j+1, before any norm): the
   EAGLE-3 `eagle_aux_hidden_state_layer_ids` convention (SpecForge; SGLang stores j+1 and captures
@@ -31,7 +33,8 @@ from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
 from jaxserve.memory.kv_pool import KVPool
 from jaxserve.models.config import ModelConfig
-from jaxserve.models.kv_layout import KVLayout, KVPools, group_pool, replace_group, route_layer
+from jaxserve.models.kv_layout import KVLayout, KVPools
+from jaxserve.models.layer_stack import LayerStack, apply_layer, layer_period
 from jaxserve.models.weight_spec import WeightSpec
 
 
@@ -182,13 +185,14 @@ class CausalLM(nnx.Module):
                  return_all_logits: bool = False) -> tuple[jax.Array, KVPools, jax.Array | None]:
         pools = kv_pools
         x = self.embed(input_ids)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            group, index = route_layer(pools, i)
-            x, pool = layer(x, meta, group_pool(pools, group), index, use_swa_tables=group == "swa")
-            pools = replace_group(pools, group, pool)
-            if i in self.aux_hidden_state_layer_ids:
-                captured[i] = x
+        if isinstance(self.layers, LayerStack):
+            x, pools, captured = self.layers.run(x, meta, pools, capture=self.aux_hidden_state_layer_ids)
+        else:
+            captured = {}
+            for i, layer in enumerate(self.layers):
+                x, pools = apply_layer(layer, x, meta, pools, i)
+                if i in self.aux_hidden_state_layer_ids:
+                    captured[i] = x
         aux = None
         if self.aux_hidden_state_layer_ids:
             aux = jnp.concatenate([captured[j] for j in self.aux_hidden_state_layer_ids], axis=-1)
@@ -196,3 +200,22 @@ class CausalLM(nnx.Module):
         if not return_all_logits:
             x = x[meta.sample_idx]
         return self.lm_logits(x), pools, aux
+
+
+def scan_layers(model: CausalLM) -> CausalLM:
+    """A model computing what `model` computes, with its layers as one `jax.lax.scan` over stacked
+    parameters (`jaxserve.models.layer_stack`): compile time no longer grows with depth.
+
+    `model` is not modified; the new model shares its embedding, final norm and LM head and holds stacked
+    copies of the layer parameters (drop `model` to free its own). Returned unchanged when its layers are
+    already stacked, or when its layer pattern does not repeat at least twice (e.g. Qwen2's
+    full-then-sliding `max_window_layers`), where a scan would have a single iteration.
+    """
+    if isinstance(model.layers, LayerStack):
+        return model
+    period = layer_period(list(model.layers))
+    if len(model.layers) // period < 2:
+        return model
+    scanned = nnx.merge(*nnx.split(model))
+    scanned.layers = LayerStack(list(scanned.layers), period)
+    return scanned

@@ -91,6 +91,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
 _ENGINE_SWITCHES = (
     ("--disable-radix-cache", "no prefix reuse across requests"),
     ("--disable-overlap-schedule", "apply each step's results before dispatching the next"),
+    ("--disable-layer-scan", "jaxserve: unroll the decoder layers in the step instead of one lax.scan "
+                             "over stacked layers (compile time then grows with depth)"),
     ("--warmup", "jaxserve: compile the common step programs with synthetic requests while serving "
                  "(/health reports the progress)"),
 )
