@@ -15,6 +15,7 @@ above both packages: `engine/` never imports `speculative/`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
@@ -38,6 +39,13 @@ from jaxserve.engine.inputs import (
 )
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.loading import eos_token_ids, load_model_and_tokenizer
+from jaxserve.engine.memory_plan import (
+    MemoryPlan,
+    activation_peak_bytes,
+    device_memory,
+    plan_kv_pools,
+    weight_bytes_per_device,
+)
 from jaxserve.engine.request import Request, Status, make_request
 from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.step_input import Buckets
@@ -75,14 +83,21 @@ class Engine:
         self.context_length = int(self.args.context_length or config.max_position_embeddings or 4096)
         self.eos_token_ids = eos_token_ids(config.raw, tokenizer)
         args = self.args
-        swa_pages = max(1, int(args.num_pages * args.swa_full_tokens_ratio))
-        self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
-                          kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
-                          swa_num_pages=swa_pages, eagle=speculative and not args.debug_token_keys)
         extra = 0  # a speculative round runs past the last position (verify span or tree draft scratch)
         if speculative:
             extra = max(args.num_draft_tokens, (args.speculative_num_steps - 1) * args.speculative_eagle_topk)
-        max_pages = min(-(-(self.context_length + extra) // args.page_size), args.num_pages)
+        context_pages = -(-(self.context_length + extra) // args.page_size)
+        swa_pages = max(1, int(args.num_pages * args.swa_full_tokens_ratio))
+        self.memory_plan: MemoryPlan | None = None
+        if args.mem_fraction_static is not None and "max_total_tokens" not in server_args:
+            self.memory_plan = self._plan_memory(context_pages)
+            args = self.args = dataclasses.replace(args, max_total_tokens=self.memory_plan.max_total_tokens)
+            swa_pages = self.memory_plan.swa_num_pages or swa_pages
+            print(self.memory_plan.describe(), flush=True)
+        self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
+                          kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
+                          swa_num_pages=swa_pages, eagle=speculative and not args.debug_token_keys)
+        max_pages = min(context_pages, args.num_pages)
         self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
                                                      max_seqs=args.max_running_requests, max_pages=max_pages,
                                                      page_size=args.page_size)
@@ -111,6 +126,21 @@ class Engine:
         self._ids = itertools.count()
         if args.warmup:
             self.runner.warmup()
+
+    def _plan_memory(self, context_pages: int) -> MemoryPlan:
+        """The KV pool sizes `mem_fraction_static` allows on the first device, with the forward's activation
+        peak measured at the largest bucket (chunked_prefill_size tokens, max_running_requests sequences,
+        a whole context of pages each)."""
+        args, model = self.args, self.model
+        kv_dtype = model.config.jnp_dtype
+        activation = activation_peak_bytes(model, num_tokens=args.chunked_prefill_size,
+                                           num_seqs=args.max_running_requests, num_pages=context_pages,
+                                           page_size=args.page_size, kv_dtype=kv_dtype)
+        total, free = device_memory()
+        return plan_kv_pools(model.kv_layout, fraction=args.mem_fraction_static, device_bytes=total,
+                             free_bytes=free, weight_bytes=weight_bytes_per_device(model),
+                             activation_bytes=activation, page_size=args.page_size, kv_dtype=kv_dtype,
+                             swa_full_tokens_ratio=args.swa_full_tokens_ratio)
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt: str | None = None, *, input_ids=None,

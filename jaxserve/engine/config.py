@@ -46,6 +46,10 @@ class ServerArgs:
     "never" (plain steps only, the draft kept usable). speculative_disable_batch_size:
     decode plainly at this many decoding requests or more (a fixed threshold, under any policy; None: no
     threshold).
+    mem_fraction_static: size the KV pools from device memory instead of `max_total_tokens` (SGLang's
+    flag): weights and pools may take this fraction of the device, and the pools also leave the measured
+    activation peak of the largest bucket free (`jaxserve.engine.memory_plan`); an explicit
+    `max_total_tokens` still wins. None (default): `max_total_tokens` sizes the pool.
     disable_layer_scan: run the decoder layers as an unrolled Python loop inside the step instead of one
     `jax.lax.scan` over stacked layer parameters (`jaxserve.models.decoder.scan_layers`, the default:
     compile time does not grow with depth); same outputs, for comparison and debugging.
@@ -77,6 +81,7 @@ class ServerArgs:
     grammar_backend: str = "llguidance"
     speculative_policy: str = "always"
     speculative_disable_batch_size: int | None = None
+    mem_fraction_static: float | None = None
     disable_layer_scan: bool = False
     debug_token_keys: bool = False
 
@@ -97,6 +102,8 @@ class ServerArgs:
             raise ValueError(f"context_length={self.context_length} must be >= 2")
         if not 0 < self.swa_full_tokens_ratio <= 1:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
         if self.speculative_algorithm is not None:
             self._check_speculative()
         if self.attention_backend != AUTO:  # auto resolves when a model first attends (platform known)

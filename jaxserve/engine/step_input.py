@@ -129,15 +129,22 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     return StepInput(input_ids, prev, meta, sampling)
 
 
-def padding_step_input(kv: KVCache, num_tokens: int, num_seqs: int, num_pages: int) -> StepInput:
-    """An all-padding StepInput of exactly these bucket sizes (for warm-up compiles): writes go to slot 0."""
-    meta = AttentionMetadata(
+def padding_meta(num_tokens: int, num_seqs: int, num_pages: int, *, page_size: int,
+                 hybrid: bool) -> AttentionMetadata:
+    """All-padding attention metadata of exactly these bucket sizes: writes go to slot 0 (the padding page),
+    every page-table entry is page 0; with `hybrid`, the swa pair too."""
+    return AttentionMetadata(
         positions=np.zeros(num_tokens, np.int32), seq_ids=np.zeros(num_tokens, np.int32),
         write_slots=np.zeros(num_tokens, np.int32), page_table=np.zeros((num_seqs, num_pages), np.int32),
         kv_lens=np.zeros(num_seqs, np.int32), sample_idx=np.zeros(num_seqs, np.int32),
-        swa_write_slots=np.zeros(num_tokens, np.int32) if kv.hybrid else None,
-        swa_page_table=np.zeros((num_seqs, num_pages), np.int32) if kv.hybrid else None,
-        page_size=kv.page_size)
+        swa_write_slots=np.zeros(num_tokens, np.int32) if hybrid else None,
+        swa_page_table=np.zeros((num_seqs, num_pages), np.int32) if hybrid else None,
+        page_size=page_size)
+
+
+def padding_step_input(kv: KVCache, num_tokens: int, num_seqs: int, num_pages: int) -> StepInput:
+    """An all-padding StepInput of exactly these bucket sizes (for warm-up compiles): writes go to slot 0."""
+    meta = padding_meta(num_tokens, num_seqs, num_pages, page_size=kv.page_size, hybrid=kv.hybrid)
     return StepInput(np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32), meta,
                      build_sampling_batch([], num_seqs))
 

@@ -4,7 +4,7 @@
 `jaxserve.api.Engine` (fields of `ServerArgs`). Precedence: explicit flags > `--config` file > the
 engine's defaults. A flag left unset is not passed on, so `ServerArgs` keeps its own default.
 
-Flags that the engine cannot honour yet (tensor parallelism, `--mem-fraction-static`) fail with
+Flags that the engine cannot honour yet (tensor parallelism) fail with
 `UnsupportedFlagError` naming the flag, unless the engine's `ServerArgs` has grown the matching field, in
 which case the value is passed through unchanged.
 
@@ -75,7 +75,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
                                "llguidance (default) or none"),
     ("--attention-backend", str, "attention kernels: ours (native, xla, ...) or SGLang's names (triton, "
                                  "fa3, flashinfer, torch_native, ...), mapped to the best of ours here"),
-    ("--mem-fraction-static", float, "not supported yet: size the KV pool with --max-total-tokens"),
+    ("--mem-fraction-static", float, "size the KV pool from device memory: weights + pools take this "
+                                     "fraction (--max-total-tokens, when given, wins); the plan is printed"),
     ("--tp-size", int, "tensor-parallel degree (only 1 is supported yet)"),
     ("--speculative-algorithm", str, "EAGLE3: speculative decoding with an EAGLE-3 draft head"),
     ("--speculative-draft-model-path", str, "EAGLE-3 draft checkpoint directory"),
