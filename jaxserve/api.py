@@ -51,6 +51,7 @@ from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.step_input import Buckets
 from jaxserve.engine.stepper import PlainStepper, Stepper
 from jaxserve.models.decoder import CausalLM, scan_layers
+from jaxserve.models.sharding import make_tp_mesh, shard_model, tp_layout
 from jaxserve.sampling import SamplingParams, SeedSource
 from jaxserve.sampling.grammar import GrammarBackend
 from jaxserve.speculative.loading import load_draft
@@ -72,9 +73,13 @@ class Engine:
         speculative = self.args.speculative_algorithm is not None
         if speculative and draft_model is None:
             draft_model = load_draft(self.args)
+        self.mesh = make_tp_mesh(self.args.tp_size) if self.args.tp_size > 1 else None
         if model is None:
             aux_ids = tuple(draft_model.config.aux_layer_ids) if speculative else ()
-            model, tokenizer = load_model_and_tokenizer(self.args, aux_hidden_state_layer_ids=aux_ids)
+            model, tokenizer = load_model_and_tokenizer(self.args, aux_hidden_state_layer_ids=aux_ids,
+                                                        mesh=self.mesh)
+        elif self.mesh is not None:
+            model = shard_model(model, self.mesh)  # in place: the caller's model is resharded
         if not self.args.disable_layer_scan:
             model = scan_layers(model)  # a model loaded here is dropped: only the stacked layers stay
         self.model, self.tokenizer = model, tokenizer
@@ -96,7 +101,8 @@ class Engine:
             print(self.memory_plan.describe(), flush=True)
         self.kv = KVCache(config, num_pages=args.num_pages, page_size=args.page_size,
                           kv_dtype=config.jnp_dtype, disable_radix_cache=args.disable_radix_cache,
-                          swa_num_pages=swa_pages, eagle=speculative and not args.debug_token_keys)
+                          swa_num_pages=swa_pages, eagle=speculative and not args.debug_token_keys,
+                          mesh=self.mesh)
         max_pages = min(context_pages, args.num_pages)
         self.buckets = buckets or Buckets.for_limits(max_tokens=args.chunked_prefill_size,
                                                      max_seqs=args.max_running_requests, max_pages=max_pages,
@@ -137,7 +143,11 @@ class Engine:
                                            num_seqs=args.max_running_requests, num_pages=context_pages,
                                            page_size=args.page_size, kv_dtype=kv_dtype)
         total, free = device_memory()
-        return plan_kv_pools(model.kv_layout, fraction=args.mem_fraction_static, device_bytes=total,
+        layout = model.kv_layout
+        if self.mesh is not None:  # the plan is per device: each holds 1/tp of the (kv-replicated) heads
+            tp = self.mesh.shape["tp"]
+            layout = dataclasses.replace(layout, num_kv_heads=tp_layout(layout, tp).num_kv_heads // tp)
+        return plan_kv_pools(layout, fraction=args.mem_fraction_static, device_bytes=total,
                              free_bytes=free, weight_bytes=weight_bytes_per_device(model),
                              activation_bytes=activation, page_size=args.page_size, kv_dtype=kv_dtype,
                              swa_full_tokens_ratio=args.swa_full_tokens_ratio)

@@ -46,6 +46,10 @@ class ServerArgs:
     "never" (plain steps only, the draft kept usable). speculative_disable_batch_size:
     decode plainly at this many decoding requests or more (a fixed threshold, under any policy; None: no
     threshold).
+    tp_size: tensor-parallel degree: one SPMD program over a `("tp",)` mesh of the first tp_size devices,
+    weights sharded per `jaxserve.models.sharding` (placed at load time), KV pools sharded on kv heads,
+    attention per shard under shard_map; the host cache, allocators and scheduler stay single. Not with
+    speculative decoding yet.
     mem_fraction_static: size the KV pools from device memory instead of `max_total_tokens` (SGLang's
     flag): weights and pools may take this fraction of the device, and the pools also leave the measured
     activation peak of the largest bucket free (`jaxserve.engine.memory_plan`); an explicit
@@ -81,6 +85,7 @@ class ServerArgs:
     grammar_backend: str = "llguidance"
     speculative_policy: str = "always"
     speculative_disable_batch_size: int | None = None
+    tp_size: int = 1
     mem_fraction_static: float | None = None
     disable_layer_scan: bool = False
     debug_token_keys: bool = False
@@ -102,6 +107,10 @@ class ServerArgs:
             raise ValueError(f"context_length={self.context_length} must be >= 2")
         if not 0 < self.swa_full_tokens_ratio <= 1:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
+        if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
+            raise ValueError(f"server arg tp_size={self.tp_size!r} must be an int >= 1")
+        if self.tp_size > 1 and self.speculative_algorithm is not None:
+            raise ValueError("tp_size > 1 with speculative decoding is not supported yet")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
         if self.speculative_algorithm is not None:

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from jax.sharding import Mesh
 
 from cache import CachedReq, RadixCache
 from jaxserve.memory import (
@@ -25,18 +26,25 @@ from jaxserve.memory import (
 )
 from jaxserve.models.config import ModelConfig
 from jaxserve.models.kv_layout import KVLayout
+from jaxserve.models.sharding import TP, make_sharded_pools, tp_layout
 
 
 class KVCache:
     """Pools + allocator facade + tree for a model. `num_pages` full pages (plus reserved page 0);
     hybrid models get `swa_num_pages` SWA pages. `eagle`: the tree keys bigrams (speculative decoding with
-    an EAGLE draft, whose KV at a position depends on the next token)."""
+    an EAGLE draft, whose KV at a position depends on the next token). `mesh`: tensor parallelism - the
+    pools are sharded on kv heads over its `tp` axis (kv heads replicated up to tp when fewer; see
+    `jaxserve.models.sharding`); slots, pages and the tree stay global (one allocator for all shards)."""
 
     def __init__(self, config: ModelConfig, *, num_pages: int, page_size: int, kv_dtype,
-                 disable_radix_cache: bool, swa_num_pages: int | None = None, eagle: bool = False) -> None:
+                 disable_radix_cache: bool, swa_num_pages: int | None = None, eagle: bool = False,
+                 mesh: Mesh | None = None) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.layout = KVLayout.from_config(config)
+        self.mesh = mesh
+        if mesh is not None:
+            self.layout = tp_layout(self.layout, mesh.shape[TP])
         self.hybrid = self.layout.hybrid
         if self.hybrid:
             from cache import SWARadixCache
@@ -50,7 +58,12 @@ class KVCache:
             self.allocator = AllocatorFacade(make_allocator(num_pages, page_size))
             self.tree = RadixCache(self.allocator, page_size=page_size, disabled=disable_radix_cache,
                                    eagle=eagle)
-        self.pools = self.layout.make_pools(num_pages, page_size, kv_dtype, swa_num_pages=self.swa_num_pages)
+        if mesh is None:
+            self.pools = self.layout.make_pools(num_pages, page_size, kv_dtype,
+                                                swa_num_pages=self.swa_num_pages)
+        else:
+            self.pools = make_sharded_pools(self.layout, mesh, num_pages, page_size, kv_dtype,
+                                            swa_num_pages=self.swa_num_pages)
 
     # ------------------------------------------------------------------ sizes
     @property

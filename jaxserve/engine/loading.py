@@ -6,15 +6,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jax.sharding import Mesh
+
 from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import InvalidRequestError
+from jaxserve.models.config import ModelConfig
 from jaxserve.models.decoder import CausalLM
+from jaxserve.models.sharding import set_mesh, sharding_for
 
 
-def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=()) -> tuple[CausalLM, Any]:
+def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=(),
+                             mesh: Mesh | None = None) -> tuple[CausalLM, Any]:
     """`args.model_path`'s model (None: the embedded default) in `args.dtype` ("auto" = the checkpoint's) and
     its `HFTokenizer`, or None when the directory has no tokenizer.json or `skip_tokenizer_init` is set.
-    `aux_hidden_state_layer_ids`: the layers an EAGLE-3 draft reads (see `jaxserve.models.decoder`)."""
+    `aux_hidden_state_layer_ids`: the layers an EAGLE-3 draft reads (see `jaxserve.models.decoder`).
+    `mesh`: tensor parallelism - each parameter is placed sharded as it loads (`models.sharding`)."""
     from jaxserve.loader.load import load_model
     from jaxserve.loader.tokenizer import HFTokenizer
 
@@ -26,8 +32,14 @@ def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=())
             raise InvalidRequestError("Engine needs model_path= (a checkpoint directory) or model= (this "
                                       "install has no embedded default model)")
         model_path = str(EMBEDDED_MODEL_DIR)
+    place = None
+    if mesh is not None:
+        place = sharding_for(ModelConfig.from_file(model_path), mesh)
     model = load_model(model_path, dtype=None if args.dtype == "auto" else args.dtype,
-                       backend=args.attention_backend, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids)
+                       backend=args.attention_backend, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids,
+                       sharding_for=place)
+    if mesh is not None:
+        set_mesh(model, mesh)
     has_tokenizer = (Path(model_path) / "tokenizer.json").exists() and not args.skip_tokenizer_init
     return model, HFTokenizer(model_path) if has_tokenizer else None
 

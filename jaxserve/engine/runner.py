@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from jaxserve.engine.kv_cache import KVCache
@@ -278,6 +279,10 @@ class ModelRunner:
         self._step = _make_step(graphdef, max_seqs)
         self._prompt_step = _make_step(graphdef, max_seqs, prompt_logprobs=True)
         self._last_tokens = jnp.zeros(max_seqs, jnp.int32)
+        if kv.mesh is not None:  # tensor parallel: every step argument lives on the mesh (replicated)
+            replicated = NamedSharding(kv.mesh, PartitionSpec())
+            self.penalties, self._last_tokens = jax.device_put((self.penalties, self._last_tokens),
+                                                               replicated)
 
     def run(self, inp: StepInput) -> SampleOutput:
         """Dispatch one step; returns the sampled ids/logprobs as device arrays (not yet waited for).

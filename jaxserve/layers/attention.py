@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.layers.attention_metadata import AttentionMetadata
 from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
@@ -69,6 +72,7 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(d, eps=cfg.norm_eps, unit_offset=cfg.norm_unit_offset, param_dtype=dtype)
         if cfg.sinks:
             self.sinks = nnx.Param(jnp.zeros((h,), dtype))
+        self.mesh: Mesh | None = None  # set by jaxserve.models.sharding.set_mesh: attend under shard_map
         get_backend(cfg.backend)  # unknown name fails at construction
 
     def qkv(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -87,12 +91,41 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, meta: AttentionMetadata, pool: KVPool, layer: int, *,
                  use_swa_tables: bool = False) -> tuple[jax.Array, KVPool]:
-        """`pool` is the group holding this layer (index `layer` in it); `use_swa_tables` when that group
-        is the swa group of a hybrid pool (its own slots and page table)."""
+        """`pool` is the group holding this layer (index `layer` in it, an int or traced int);
+        `use_swa_tables` when that group is the swa group of a hybrid pool (its own slots and page table).
+
+        A pool with more kv heads than the layer (a multiple: kv heads replicated for tensor parallelism)
+        gets each kv head repeated that many times. With `self.mesh` set, the backend runs under
+        `jax.shard_map` over its `tp` axis: q, k, v, sinks and the pool split on heads, the metadata
+        replicated; each shard attends its own heads (GQA groups never straddle shards)."""
         cfg = self.cfg
         q, k, v = self.qkv(x, meta.positions)
-        out, pool = get_backend(cfg.backend)(
-            q, k, v, pool, layer, meta, use_swa_tables=use_swa_tables,
-            sliding_window=cfg.sliding_window, sinks=self.sinks[...] if cfg.sinks else None,
-            logit_softcap=cfg.logit_softcap, scale=cfg.scale)
+        if pool.num_kv_heads != cfg.num_kv_heads:
+            k = jnp.repeat(k, pool.num_kv_heads // cfg.num_kv_heads, axis=1)
+            v = jnp.repeat(v, pool.num_kv_heads // cfg.num_kv_heads, axis=1)
+        sinks = self.sinks[...] if cfg.sinks else None
+        backend = functools.partial(get_backend(cfg.backend), use_swa_tables=use_swa_tables,
+                                    sliding_window=cfg.sliding_window, logit_softcap=cfg.logit_softcap,
+                                    scale=cfg.scale)
+        if self.mesh is None:
+            out, pool = backend(q, k, v, pool, layer, meta, sinks=sinks)
+        else:
+            out, pool = _sharded(backend, self.mesh, q, k, v, pool, layer, meta, sinks)
         return self.o_proj(out.reshape(x.shape[0], cfg.num_heads * cfg.head_dim)), pool
+
+
+def _sharded(backend, mesh: Mesh, q: jax.Array, k: jax.Array, v: jax.Array, pool: KVPool, layer,
+             meta: AttentionMetadata, sinks: jax.Array | None) -> tuple[jax.Array, KVPool]:
+    """`backend` per shard of `mesh`'s `tp` axis on head-split q/k/v/sinks and a head-split pool."""
+    tp = mesh.shape["tp"]
+    heads, pool_heads = P(None, "tp", None), P(None, None, "tp", None)
+
+    def local(q, k, v, data, layer, meta, sinks):
+        shard = pool.replace(data=data, num_kv_heads=pool.num_kv_heads // tp)
+        out, shard = backend(q, k, v, shard, layer, meta, sinks=sinks)
+        return out, shard.data
+
+    specs = (heads, heads, heads, pool_heads, P(), P(), P() if sinks is None else P("tp"))
+    out, data = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(heads, pool_heads))(
+        q, k, v, pool.data, jnp.asarray(layer, jnp.int32), meta, sinks)
+    return out, pool.replace(data=data)

@@ -4,7 +4,7 @@
 `jaxserve.api.Engine` (fields of `ServerArgs`). Precedence: explicit flags > `--config` file > the
 engine's defaults. A flag left unset is not passed on, so `ServerArgs` keeps its own default.
 
-Flags that the engine cannot honour yet (tensor parallelism) fail with
+Flags that the engine cannot honour yet fail with
 `UnsupportedFlagError` naming the flag, unless the engine's `ServerArgs` has grown the matching field, in
 which case the value is passed through unchanged.
 
@@ -77,7 +77,7 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
                                  "fa3, flashinfer, torch_native, ...), mapped to the best of ours here"),
     ("--mem-fraction-static", float, "size the KV pool from device memory: weights + pools take this "
                                      "fraction (--max-total-tokens, when given, wins); the plan is printed"),
-    ("--tp-size", int, "tensor-parallel degree (only 1 is supported yet)"),
+    ("--tp-size", int, "tensor-parallel degree: weights and KV pools sharded over the first N devices"),
     ("--speculative-algorithm", str, "EAGLE3: speculative decoding with an EAGLE-3 draft head"),
     ("--speculative-draft-model-path", str, "EAGLE-3 draft checkpoint directory"),
     ("--speculative-num-steps", int, "draft steps per round"),
@@ -98,7 +98,7 @@ _ENGINE_SWITCHES = (
                  "(/health reports the progress)"),
 )
 # Accepted only with these values until the engine has a ServerArgs field for them.
-_NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {"tp_size": (1,)}
+_NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:

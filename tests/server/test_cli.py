@@ -143,10 +143,10 @@ def test_default_model_is_the_embedded_one_or_a_clear_error():
             resolve_model(args)
 
 
-def test_launch_server_process_reports_unsupported_flag():
+def test_launch_server_process_reports_a_tp_size_beyond_the_devices():
     out = subprocess.run([sys.executable, "-m", "jaxserve.launch_server", "--tp-size", "4"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "--tp-size 4: not supported yet" in out.stderr
+    assert out.returncode == 1 and "tp_size=4 needs that many devices" in out.stderr
 
 
 def run_send_one(server, *extra: str) -> str:

@@ -1,0 +1,130 @@
+"""Tensor parallelism over a `jax.sharding.Mesh` with one axis `tp`: which parameter dimension each shard
+holds, and the KV pools sharded on kv heads.
+
+Parameters (`param_spec`, Megatron-style; a dimension that `tp` does not divide stays replicated):
+- q/k/v projections and the gated MLP's gate/up: column-parallel (kernel `[in, out]` -> `P(None, "tp")`,
+  bias `P("tp")`); o_proj and down_proj: row-parallel (kernel `P("tp", None)`, bias replicated, XLA adds
+  the all-reduce); k/v when `num_kv_heads < tp`: replicated (every shard computes all kv heads, keeps its
+  own, see below);
+- gpt-oss experts: expert-parallel on the same axis (`[E, ...]` -> `P("tp", ...)`, ep = tp), router
+  replicated; sinks `[H]` follow their q heads;
+- embedding `[V, H]`: vocab-parallel `P("tp", None)`; lm_head kernel `[H, V]`: `P(None, "tp")`;
+- norms: replicated.
+
+KV pools (`tp_layout`, `pool_sharding`): `[L, slots, 2 * Hkv', D]` sharded on the head axis, so each
+shard holds 1/tp of every pool. When `num_kv_heads < tp` the layout stores `Hkv' = tp` heads: kv head j
+repeated `tp / Hkv` times (as SGLang replicates kv heads), so shard r holds the one kv head its q heads use;
+the attention layer repeats k/v to `Hkv'` heads before the write (`Attention.__call__`).
+
+Attention runs under `jax.shard_map` per shard (`set_mesh`): q and the pool are head-sharded, the step's
+metadata replicated, and each shard runs the registered backend on its own heads with no collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxserve.layers.attention import Attention
+from jaxserve.models.config import ModelConfig
+from jaxserve.models.decoder import CausalLM
+from jaxserve.models.kv_layout import KVLayout, KVPools
+from jaxserve.models.weight_spec import ParamPath
+
+TP = "tp"
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROW = ("o_proj", "down_proj")
+_EXPERTS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+def make_tp_mesh(tp_size: int) -> Mesh:
+    """A 1-D mesh `("tp",)` over the first `tp_size` devices (ValueError when fewer exist)."""
+    devices = jax.devices()
+    if not 1 <= tp_size <= len(devices):
+        raise ValueError(f"tp_size={tp_size} needs that many devices; {len(devices)} are visible")
+    return Mesh(np.asarray(devices[:tp_size]), (TP,), axis_types=(AxisType.Auto,))
+
+
+def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp: int) -> P:
+    """The PartitionSpec of parameter `path` (as `CausalLM.weight_specs` names it) of `shape`; see the
+    module docstring for the table. Replicated (`P()`) when `tp` does not divide the sharded dimension."""
+    names = tuple(str(p) for p in path)
+    leaf, owner = names[-1], names[-2] if len(names) > 1 else ""
+
+    def on(axis: int) -> P:
+        if shape[axis] % tp:
+            return P()
+        return P(*([None] * axis), TP, *([None] * (len(shape) - axis - 1)))
+
+    if owner in ("k_proj", "v_proj") and config.num_kv_heads % tp:
+        return P()
+    if owner in _COLUMN:  # kernel [in, out] and bias [out]: the output features
+        return on(len(shape) - 1)
+    if owner in _ROW:  # kernel [in, out]: the input features; the bias is added once, after the reduce
+        return on(0) if leaf == "kernel" else P()
+    if (owner == "mlp" and leaf in _EXPERTS) or leaf == "sinks" or names[:2] == ("embed", "embed"):
+        return on(0)
+    if names[0] == "lm_head":
+        return on(1)
+    return P()
+
+
+def sharding_for(config: ModelConfig, mesh: Mesh):
+    """The loader's `sharding_for(path, shape)` hook placing every parameter by `param_spec` on `mesh`."""
+    tp = mesh.shape[TP]
+
+    def place(path: ParamPath, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(mesh, param_spec(config, path, shape, tp))
+
+    return place
+
+
+def tp_layout(layout: KVLayout, tp: int) -> KVLayout:
+    """`layout` with kv heads repeated up to `tp` when it has fewer (a multiple of them is required)."""
+    if layout.num_kv_heads >= tp:
+        if layout.num_kv_heads % tp:
+            raise ValueError(f"num_kv_heads={layout.num_kv_heads} is not a multiple of tp_size={tp}")
+        return layout
+    if tp % layout.num_kv_heads:
+        raise ValueError(f"tp_size={tp} is not a multiple of num_kv_heads={layout.num_kv_heads}")
+    return dataclasses.replace(layout, num_kv_heads=tp)
+
+
+def pool_sharding(mesh: Mesh) -> NamedSharding:
+    """Pool data `[L, slots, 2 * Hkv', D]` split on the (interleaved K/V) head axis."""
+    return NamedSharding(mesh, P(None, None, TP, None))
+
+
+def make_sharded_pools(layout: KVLayout, mesh: Mesh, num_pages: int, page_size: int, dtype, *,
+                       swa_num_pages: int | None = None) -> KVPools:
+    """`layout.make_pools(...)` with every group's data created sharded by `pool_sharding` (each shard
+    zero-fills its own part: no full pool on one device). Shard r holds heads [r * Hkv' / tp, ...), K and V
+    of a head side by side (the interleaved axis splits between heads; `tp_layout` makes Hkv' divisible)."""
+    make = jax.jit(lambda: layout.make_pools(num_pages, page_size, dtype, swa_num_pages=swa_num_pages),
+                   out_shardings=pool_sharding(mesh))
+    return make()
+
+
+def shard_model(model: CausalLM, mesh: Mesh) -> CausalLM:
+    """An unstacked `model` (e.g. built with random weights) with every parameter moved to its
+    `param_spec` sharding on `mesh` and its attention set to run under shard_map; in place. A checkpoint
+    is placed at load time instead (`load_model(..., sharding_for=sharding_for(config, mesh))`)."""
+    place = sharding_for(model.config, mesh)
+    flat = nnx.to_flat_state(nnx.state(model))
+    leaves = [jax.device_put(x, place(path, x.shape))
+              for path, x in zip(flat.paths, flat.leaves, strict=True)]
+    nnx.update(model, nnx.from_flat_state(nnx.FlatState.from_sorted_keys_values(flat.paths, leaves)))
+    return set_mesh(model, mesh)
+
+
+def set_mesh(model: CausalLM, mesh: Mesh | None) -> CausalLM:
+    """Run `model`'s attention layers under `jax.shard_map` over `mesh` (None: plain jit), in place."""
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, Attention):
+            module.mesh = mesh
+    return model

@@ -1,0 +1,23 @@
+"""Tensor parallelism (`jaxserve.models.sharding`, `Engine(tp_size=...)`) on 8 fake CPU devices, in a
+subprocess (the device count must be set before JAX starts): see tests/models/tp_check.py for what is
+checked - greedy outputs at tp 1/2/4 equal the unsharded model's (scanned and unrolled, and through the
+engine with the radix cache on), per-device bytes of weights and KV pools, no collective on a pool shard."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
+SCRIPT = Path(__file__).with_name("tp_check.py")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_oss"])
+def test_tensor_parallel_greedy_outputs_and_per_device_bytes(arch, tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), arch], capture_output=True,
+                            text=True, timeout=900, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert [f"OK {arch} tp={tp}" in result.stdout for tp in (1, 2, 4)] == [True] * 3, result.stdout
