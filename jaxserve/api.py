@@ -139,15 +139,16 @@ class Engine:
         a whole context of pages each)."""
         args, model = self.args, self.model
         kv_dtype = model.config.jnp_dtype
-        activation = activation_peak_bytes(model, num_tokens=args.chunked_prefill_size,
-                                           num_seqs=args.max_running_requests, num_pages=context_pages,
-                                           page_size=args.page_size, kv_dtype=kv_dtype)
-        total, free = device_memory()
-        layout = model.kv_layout
+        layout = per_device = model.kv_layout
         if self.mesh is not None:  # the plan is per device: each holds 1/tp of the (kv-replicated) heads
             tp = self.mesh.shape["tp"]
-            layout = dataclasses.replace(layout, num_kv_heads=tp_layout(layout, tp).num_kv_heads // tp)
-        return plan_kv_pools(layout, fraction=args.mem_fraction_static, device_bytes=total,
+            layout = tp_layout(layout, tp)
+            per_device = dataclasses.replace(layout, num_kv_heads=layout.num_kv_heads // tp)
+        activation = activation_peak_bytes(model, layout, num_tokens=args.chunked_prefill_size,
+                                           num_seqs=args.max_running_requests, num_pages=context_pages,
+                                           page_size=args.page_size, kv_dtype=kv_dtype, mesh=self.mesh)
+        total, free = device_memory()
+        return plan_kv_pools(per_device, fraction=args.mem_fraction_static, device_bytes=total,
                              free_bytes=free, weight_bytes=weight_bytes_per_device(model),
                              activation_bytes=activation, page_size=args.page_size, kv_dtype=kv_dtype,
                              swa_full_tokens_ratio=args.swa_full_tokens_ratio)

@@ -22,12 +22,15 @@ import os
 
 import jax
 import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
 
 from jaxserve.engine.step_input import padding_meta
 from jaxserve.memory.hybrid_pool import hybrid_pool_sizes
 from jaxserve.memory.kv_pool import STORAGE_DTYPES
 from jaxserve.models.decoder import CausalLM
 from jaxserve.models.kv_layout import KVLayout
+from jaxserve.models.sharding import pool_sharding
 from jaxserve.models.step import make_forward
 
 GIB = 1 << 30
@@ -126,20 +129,22 @@ def device_memory(device: jax.Device | None = None) -> tuple[int, int]:
 
 def weight_bytes_per_device(model: CausalLM, device: jax.Device | None = None) -> int:
     """Bytes of `model`'s arrays held on `device` (default: the first device): the shards it holds."""
-    from flax import nnx
-
     device = device or jax.devices()[0]
     return sum(shard.data.nbytes for leaf in jax.tree.leaves(nnx.state(model))
                for shard in leaf.addressable_shards if shard.device == device)
 
 
-def activation_peak_bytes(model: CausalLM, *, num_tokens: int, num_seqs: int, num_pages: int, page_size: int,
-                          kv_dtype: np.dtype) -> int:
-    """XLA's temporary-buffer size of `model`'s forward for one bucket (compiled from shapes only: no pool
-    is allocated), i.e. the activation peak of a step of that size."""
+def activation_peak_bytes(model: CausalLM, layout: KVLayout, *, num_tokens: int, num_seqs: int,
+                          num_pages: int, page_size: int, kv_dtype: np.dtype,
+                          mesh: Mesh | None = None) -> int:
+    """XLA's temporary-buffer size (per device) of `model`'s forward for one bucket over pools of `layout`
+    (sharded by `models.sharding.pool_sharding` on `mesh` when given), compiled from shapes only: no pool
+    is allocated. The activation peak of a step of that size."""
     forward, params = make_forward(model)
-    layout = model.kv_layout
     pools = jax.eval_shape(lambda: layout.make_pools(num_pages * num_seqs, page_size, kv_dtype))
+    if mesh is not None:
+        sharding = pool_sharding(mesh)
+        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), pools)
     meta = padding_meta(num_tokens, num_seqs, num_pages, page_size=page_size, hybrid=layout.hybrid)
     compiled = forward.lower(params, np.zeros(num_tokens, np.int32), meta, pools).compile()
     return int(compiled.memory_analysis().temp_size_in_bytes)

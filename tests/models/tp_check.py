@@ -80,6 +80,24 @@ def engine_outputs(path: str, tp: int) -> list[list[int]]:
     return outs[0]
 
 
+def check_memory_plan(path: str, tp: int) -> None:
+    """`Engine(tp_size=tp, mem_fraction_static=...)` with a fake 64 MiB device: the plan is per device and
+    each device's share of the pools it built is the planned size."""
+    import jaxserve.api as api
+
+    real = api.device_memory
+    api.device_memory = lambda: (64 << 20, 60 << 20)
+    try:
+        engine = api.Engine(model_path=path, tp_size=tp, mem_fraction_static=0.5, page_size=4,
+                            chunked_prefill_size=16, max_running_requests=2)
+    finally:
+        api.device_memory = real
+    plan, dev = engine.memory_plan, jax.devices()[0]
+    assert plan.weight_bytes == per_device_bytes(jax.tree.leaves(engine.runner.params), dev)
+    assert per_device_bytes(jax.tree.leaves(engine.kv.pools), dev) == plan.pool_bytes
+    assert plan.pool_bytes <= (32 << 20) - plan.weight_bytes
+
+
 def assert_pool_stays_local(model, layout, mesh) -> None:
     """The compiled sharded step writes and reads each shard's bf16 pool in place: no copy of a pool shard,
     no collective on a pool-shaped array."""
@@ -138,6 +156,8 @@ def check(workdir: str, arch: str) -> None:
         if tp > 1:
             assert_pool_stays_local(scan_layers(model), layout, mesh)
             assert engine_outputs(path, tp) == engine_ref
+            if arch == "llama":
+                check_memory_plan(path, tp)
         heads = layout.num_kv_heads
         print(f"OK {arch} tp={tp} kv_heads={heads} weights/device={per_device_bytes(leaves, dev)} "
               f"pool/device={per_device_bytes(data, dev)}", flush=True)
