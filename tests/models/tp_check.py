@@ -5,6 +5,7 @@ parameter and of the KV pools; the compiled sharded step keeps each pool shard i
 on it; `Engine(tp_size=tp)` gives the unsharded engine's greedy outputs.
 Usage: python tests/models/tp_check.py WORKDIR ARCH..."""
 
+import faulthandler
 import os
 import sys
 
@@ -70,9 +71,12 @@ def engine_outputs(path: str, tp: int) -> list[list[int]]:
     """Greedy outputs of `Engine(model_path=path, tp_size=tp)` (radix cache on, chunked prefill), twice over
     the same prompts: the second pass hits the cached prefixes."""
     from jaxserve.api import Engine
+    from jaxserve.engine.step_input import Buckets
 
+    # one bucket: every step runs the program compiled on this thread (no padded fallback while a
+    # background thread compiles; a run of this check under pytest once aborted in C++ with it)
     engine = Engine(model_path=path, tp_size=tp, page_size=4, max_total_tokens=512, chunked_prefill_size=16,
-                    max_running_requests=2)
+                    max_running_requests=2, context_length=64, buckets=Buckets((16,), (2,), (16,)))
     params = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
     outs = [[o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=params)]
             for _ in range(2)]
@@ -164,5 +168,6 @@ def check(workdir: str, arch: str) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a native abort still prints every thread's Python stack
     for name in sys.argv[2:]:
         check(sys.argv[1], name)
