@@ -65,6 +65,9 @@ def hf_generate(static_compile: bool, output_len: int, num_threads: int | None) 
                   top_k=None, temperature=None, pad_token_id=0)
     if static_compile:
         kwargs["cache_implementation"] = "static"
+        # every (batch, prefill or decode) shape is a graph of its own; past dynamo's default limit of 8 the
+        # forward would silently run eager, which would flatter us
+        torch._dynamo.config.recompile_limit = 256
         model.forward = torch.compile(model.forward, dynamic=False)
 
     def run(prompts: np.ndarray) -> np.ndarray:

@@ -114,8 +114,10 @@ class Walker:
         pages = self.table.at[seq[..., None], page_idx].get(mode="fill", fill_value=0)
         slots = (pages[..., None] * ps + jnp.arange(ps, dtype=jnp.int32)).reshape(*block.shape, 1, -1)
         kv_rows = 2 * jnp.arange(self.pool.num_kv_heads, dtype=jnp.int32)[:, None]  # K of head h at 2h
-        keys, values = (self.load(self.pool.data.at[self.layer, slots, kv_rows + half].get(
-            mode="fill", fill_value=0)) for half in (0, 1))
+        # every slot is in range (table entries are allocated pages or page 0), so "clip" changes no value
+        # and spares the zero-fill's mask pass over the gathered block (~14% of the gather on CPU)
+        keys, values = (self.load(self.pool.data.at[self.layer, slots, kv_rows + half].get(mode="clip"))
+                        for half in (0, 1))
         key_idx = block[..., None] * self.block_keys + jnp.arange(self.block_keys, dtype=jnp.int32)
         return keys, values, key_idx
 
