@@ -15,6 +15,13 @@ only a step that no compiled bucket holds compiles on the spot. With the persist
 both kinds of compile are loads on a restart. A padded step computes the same function on every real row,
 but not always the same bits: XLA's CPU kernels are chosen per shape, and a logprob can differ from the
 exact bucket's in its last bit (about 1e-6), which a near tie could turn into another greedy token.
+
+Running padded while compiling in the background is a process-wide choice, off unless
+`enable_background_compiles()` is called (the server does; a library `Engine` compiles each bucket on the
+calling thread, as `jax.jit` would). Measured on jax 0.10.2 CPU: a compile on one thread while another
+thread compiles or loads an executable from the persistent cache can crash the process (a segmentation
+fault in the loader, or an abort while an exception unwinds), so every compile of `Programs` holds one
+process-wide lock, and other jitted code should not compile while background compiles run.
 """
 
 from __future__ import annotations
@@ -66,6 +73,19 @@ def _signature(args: tuple) -> tuple:
                         getattr(x, "sharding", None)) for x in leaves)
 
 
+_COMPILE_LOCK = threading.Lock()  # one XLA compile (or persistent-cache load) at a time, process-wide
+_BACKGROUND = threading.Event()  # set: steps may run padded while their exact bucket compiles
+
+
+def enable_background_compiles(enabled: bool = True) -> None:
+    """Let steps run padded to a larger compiled bucket while theirs compiles on a background thread (see
+    the module docstring); off by default. Affects every `Programs` of the process."""
+    if enabled:
+        _BACKGROUND.set()
+    else:
+        _BACKGROUND.clear()
+
+
 @dataclasses.dataclass(eq=False)
 class _Program:
     """One executable of a `Programs`: its bucket, the abstract arguments it is lowered from and its state
@@ -113,7 +133,7 @@ class Programs:
         program = self._programs.get(sig)
         if program is not None and program.state == "ready":
             return program.compiled(*args)
-        fallback = self._fallback(bucket, sig[0], args, repad)
+        fallback = self._fallback(bucket, sig[0], args, repad) if _BACKGROUND.is_set() else None
         program = self._ensure(sig, bucket, args, queued=fallback is not None)
         if fallback is None:
             return self._compiled_now(program)(*args)
@@ -172,17 +192,22 @@ class Programs:
 
     def _compile(self, program: _Program) -> None:
         try:
-            program.compiled = self.fn.lower(*program.specs).compile()
+            with _COMPILE_LOCK:
+                program.compiled = self.fn.lower(*program.specs).compile()
             program.state = "ready"
         except Exception as exc:  # re-raised by the call that needs this program (`_compiled_now`)
             program.error, program.state = exc, "failed"
         program.done.set()
 
     def _work(self) -> None:
+        """Compile queued programs until the queue is empty (or `stop`), then end: `_ensure` starts a new
+        thread for the next queued program, so idle engines keep no threads."""
         while True:
-            program = self._queue.get()
-            if program is None or self._stopped:
-                return
+            with self._lock:
+                if self._stopped or self._queue.empty():
+                    self._worker = None
+                    return
+                program = self._queue.get_nowait()
             if self._claim(program):
                 self._compile(program)
 
@@ -190,11 +215,12 @@ class Programs:
         """Stop the background thread: queued programs stay queued (a call that needs one compiles it on
         its own thread); the compile in progress, if any, is waited for up to `timeout_s` seconds (None:
         until it ends). Returns whether the thread has ended."""
-        self._stopped = True
-        self._queue.put(None)
-        if self._worker is not None:
-            self._worker.join(timeout_s)
-        return self._worker is None or not self._worker.is_alive()
+        with self._lock:
+            self._stopped = True
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout_s)
+        return worker is None or not worker.is_alive()
 
 
 _ALL_PROGRAMS: weakref.WeakSet[Programs] = weakref.WeakSet()

@@ -200,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.info(setup_compilation_cache(args))
         compile_log = compile_cache.CompileLog().install()
         sock = bind_socket(args.host, args.port)
+        from jaxserve.engine.runner import enable_background_compiles
+
+        enable_background_compiles()  # a step never waits for its bucket's compile if a larger one is built
         engine = build_engine(args)
     except (LaunchError, ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -35,10 +35,12 @@ def held_back(monkeypatch):
         compile_(self, program)
 
     monkeypatch.setattr(Programs, "_compile", held)
+    runner.enable_background_compiles()
     runner._make_step.cache_clear()
     spec_stepper._make_fns.cache_clear()
     yield gate
     gate.set()
+    runner.enable_background_compiles(False)
     runner._make_step.cache_clear()
     spec_stepper._make_fns.cache_clear()
 
