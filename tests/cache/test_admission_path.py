@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cache import CachedReq, RadixCache, SWARadixCache
+from cache.errors import CacheError
 from cache.request_ops import RequestOps
 from jaxserve.memory import AllocatorFacade, SWAAllocatorFacade, make_allocator, make_swa_allocator
 
@@ -174,19 +175,32 @@ _REFRESH = [("insert", 0, 12, 0), ("admit", 0, 12, 2), ("insert", 1, 12, 0), ("f
 @given(page_size=st.sampled_from([1, 2, 4]), eagle=st.booleans(), ops=st.lists(op, max_size=40))
 @example(page_size=4, eagle=False, ops=_REFRESH)
 @example(page_size=1, eagle=True, ops=[*_REFRESH[:2], ("match", 0, 3, 0), ("chunk", 0, 2), *_REFRESH[2:]])
+@example(page_size=1, eagle=False,  # a misused finish double-owns a slot; both paths raise alike on evict
+         ops=[("admit", 0, 0, 1), ("chunk", 0, 1), ("finish_other", 0), ("evict", 1), ("evict", 1)])
 def test_insert_from_the_locked_path_equals_the_root_walk(
     kind: str, page_size: int, eagle: bool, ops
 ) -> None:
     fast = Replay(kind, page_size, eagle, root_walk=False)
     slow = Replay(kind, page_size, eagle, root_walk=True)
     for o in ops:
-        assert fast.apply(o) == run_walking_from_root(slow, o)
+        got, want = outcome(fast.apply, o), outcome(lambda o: run_walking_from_root(slow, o), o)
+        assert got == want
+        if isinstance(got, tuple) and got[:1] == ("raised",):
+            break  # a misused finish can leave the tree double-owning a slot: both paths then fail alike
         assert snapshot(fast.tree) == snapshot(slow.tree)
         assert [r.kv_slots.tolist() for r, _, _ in fast.reqs] == [
             r.kv_slots.tolist() for r, _, _ in slow.reqs
         ]
     if not fast.misused:
         fast.tree.check_invariants([r for r, _, _ in fast.reqs])
+
+
+def outcome(apply, o: tuple) -> object:
+    """`apply(o)`'s result, or ("raised", exception type name, message) for an error of the cache API."""
+    try:
+        return apply(o)
+    except (CacheError, ValueError) as exc:
+        return ("raised", type(exc).__name__, str(exc))
 
 
 def run_walking_from_root(replay: Replay, o: tuple) -> object:
