@@ -97,10 +97,6 @@ _ENGINE_SWITCHES = (
     ("--warmup", "jaxserve: compile the common step programs with synthetic requests while serving "
                  "(/health reports the progress)"),
 )
-# Accepted only with these values until the engine has a ServerArgs field for them.
-_NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {}
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser (`allow_abbrev=False`: a misspelt flag is an error, never a prefix match)."""
     parser = argparse.ArgumentParser(
@@ -220,7 +216,7 @@ def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:
                                        f"SGLang's names onto these")
         if name in fields:
             kwargs[name] = value
-        elif value not in _NEUTRAL_VALUES.get(name, ()):
+        else:  # a parsed flag the engine has no field for
             flag = "--" + name.replace("_", "-")
             raise UnsupportedFlagError(f"{flag} {value}: not supported yet by the jaxserve engine "
                                        f"(jaxserve.engine.ServerArgs has no '{name}'); drop the flag")
