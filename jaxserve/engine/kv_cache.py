@@ -50,11 +50,13 @@ class KVCache:
             from cache import SWARadixCache
 
             self.swa_num_pages = swa_num_pages or num_pages
+            self.sliding_window: int | None = int(config.sliding_window)
             self.allocator = SWAAllocatorFacade(make_swa_allocator(num_pages, self.swa_num_pages, page_size))
             self.tree = SWARadixCache(self.allocator, sliding_window=int(config.sliding_window),
                                       page_size=page_size, disabled=disable_radix_cache, eagle=eagle)
         else:
             self.swa_num_pages = None
+            self.sliding_window = None
             self.allocator = AllocatorFacade(make_allocator(num_pages, page_size))
             self.tree = RadixCache(self.allocator, page_size=page_size, disabled=disable_radix_cache,
                                    eagle=eagle)
@@ -104,7 +106,7 @@ class KVCache:
         tail = slots[self.pages_for(num_tokens) * self.page_size:]
         if tail.shape[0]:
             self.allocator.free(tail)
-        req.kv_slots = slots[:num_tokens]
+        req.truncate_slots(min(num_tokens, slots.shape[0]))
 
     @contextlib.contextmanager
     def borrow(self, spans: list[tuple[CachedReq, int, int]]) -> Iterator[None]:
@@ -121,7 +123,7 @@ class KVCache:
             yield
         finally:
             for req, start, _ in spans:
-                req.kv_slots = req.kv_slots[:start]
+                req.truncate_slots(start)
             self.allocator.state = backup
 
     def _evict_for(self, num_slots: int) -> None:
@@ -144,15 +146,14 @@ class KVCache:
         new_pages = self.pages_for(stop) - self.pages_for(start)
         if new_pages == 0:  # inside the request's own partial last page: no allocator call needed
             last_loc = int(req.kv_slots[start - 1])
-            slots = np.arange(last_loc + 1, last_loc + 1 + stop - start, dtype=req.kv_slots.dtype)
-            req.kv_slots = np.concatenate([req.kv_slots, slots])
+            req.append_slots(np.arange(last_loc + 1, last_loc + 1 + stop - start))
             return True
         self._evict_for(new_pages * self.page_size)
         last_loc = int(req.kv_slots[start - 1]) if start else 0
         slots = self.allocator.alloc_extend(np.array([start]), np.array([stop]), np.array([last_loc]))
         if slots is None:
             return False
-        req.kv_slots = np.concatenate([req.kv_slots, slots.astype(req.kv_slots.dtype)])
+        req.append_slots(slots)
         return True
 
     def extend_many(self, spans: list[tuple[CachedReq, int, int]]) -> bool:
@@ -175,7 +176,7 @@ class KVCache:
             lo = 0
             for req, a, b in paged:
                 hi = lo + b - a
-                req.kv_slots = np.concatenate([req.kv_slots, slots[lo:hi].astype(req.kv_slots.dtype)])
+                req.append_slots(slots[lo:hi])
                 lo = hi
         for req, start, stop in inside:
             self.extend(req, start, stop)  # inside its own partial page: cannot fail
@@ -185,44 +186,52 @@ class KVCache:
     def page_ids(self, req: CachedReq, num_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Full-group page ids covering positions `[0, num_tokens)`, and the SWA group's (0 where a
         tombstone freed them) for hybrid pools, else None."""
-        first_slots = req.kv_slots[:num_tokens:self.page_size]
-        full = (first_slots // self.page_size).astype(np.int32)
-        if not self.hybrid:
-            return full, None
-        swa = (self.allocator.swa_slots_of(first_slots) // self.page_size).astype(np.int32)
-        return full, swa
+        full, swa = self.page_ids_many([req], [num_tokens])
+        return full[0], None if swa is None else swa[0]
 
-    def page_ids_many(self, reqs: Sequence[CachedReq], num_tokens: Sequence[int]
+    def page_ids_many(self, reqs: Sequence[CachedReq], num_tokens: Sequence[int],
+                      swa_from: Sequence[int] | None = None
                       ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """`page_ids` for many requests at once: `(full, swa)` with `full[i]` the int32 full-group page ids
         covering positions `[0, num_tokens[i])` of `reqs[i]` (`ceil(num_tokens[i] / page_size)` of them, or
         fewer if the request holds fewer slots, exactly as `page_ids`), and `swa[i]` the SWA group's (0 where
-        a tombstone freed the SWA page) for hybrid pools; `swa` is None for non-hybrid pools.
+        a tombstone freed the SWA page) for hybrid pools; `swa` is None for non-hybrid pools. `swa_from[i]`
+        (hybrid pools): map only the pages from the one holding position `swa_from[i]` on, so `swa[i]` starts
+        at page index `self.swa_first_page(swa_from[i])` (see `SequenceStep.swa_first_page`); None: all.
 
-        Equal, element for element, to `[page_ids(r, n) for r, n in zip(reqs, num_tokens)]`, but the
-        allocator validates once and maps every request's first slots in ONE `swa_slots_of` call (per-call
-        overhead, not the slot count, dominates it), so a step of S requests costs O(1) allocator calls
-        instead of O(S). The arrays are read-only views into two shared buffers: copy before mutating.
-        Raises ValueError if the two lists differ in length; SlotRangeError / StaleAllocatorStateError
-        like `page_ids`."""
-        if len(reqs) != len(num_tokens):
-            raise ValueError(f"page_ids_many: {len(reqs)} requests but {len(num_tokens)} token counts")
+        The full group comes from each request's persistent page row (`CachedReq.page_ids`: O(pages added
+        since the last step), never O(context)); the arrays are read-only views of those rows, valid until
+        the request's slots change (copy to keep them). The SWA group is mapped through the allocator at
+        every call (a tombstone may free an SWA page at any time), all requests in ONE `swa_slots_of` call
+        (per-call overhead, not the slot count, dominates it); with `swa_from` that costs O(window) per
+        request. Raises ValueError if the lists differ in length; SlotRangeError /
+        StaleAllocatorStateError from the SWA mapping."""
+        if len(reqs) != len(num_tokens) or (swa_from is not None and len(swa_from) != len(reqs)):
+            raise ValueError(f"page_ids_many: {len(reqs)} requests but {len(num_tokens)} token counts"
+                             + ("" if swa_from is None else f" and {len(swa_from)} window starts"))
         p = self.page_size
-        firsts = [req.kv_slots[:n:p] for req, n in zip(reqs, num_tokens, strict=True)]
-        if not firsts:
-            return [], [] if self.hybrid else None
-        flat = np.concatenate(firsts)
-        bounds = list(itertools.accumulate((f.shape[0] for f in firsts), initial=0))
-        spans = list(itertools.pairwise(bounds))
-        full_flat = (flat // p if p > 1 else flat).astype(np.int32)
-        full_flat.flags.writeable = False
-        full = [full_flat[lo:hi] for lo, hi in spans]
+        full = [req.page_ids(p, n) for req, n in zip(reqs, num_tokens, strict=True)]
         if not self.hybrid:
             return full, None
+        if not full:
+            return [], []
+        los = [0] * len(reqs) if swa_from is None else [self.swa_first_page(a) for a in swa_from]
+        firsts = [req.kv_slots[lo * p: n: p] for req, n, lo in zip(reqs, num_tokens, los, strict=True)]
+        flat = np.concatenate(firsts)
+        bounds = list(itertools.accumulate((f.shape[0] for f in firsts), initial=0))
         swa_flat = self.allocator.swa_slots_of(flat)
         swa_flat = (swa_flat // p if p > 1 else swa_flat).astype(np.int32)
         swa_flat.flags.writeable = False
-        return full, [swa_flat[lo:hi] for lo, hi in spans]
+        return full, [swa_flat[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+    def swa_first_page(self, position: int) -> int:
+        """The page index holding `position` (what `page_ids_many(..., swa_from)` starts the SWA ids at)."""
+        return max(position, 0) // self.page_size
+
+    def window_start(self, first_query: int) -> int:
+        """The first position a query at `first_query` or later can see through the sliding window (0 for a
+        pool without one): the window counts the query itself."""
+        return 0 if self.sliding_window is None else max(first_query - self.sliding_window + 1, 0)
 
     # ------------------------------------------------------------------ checks and reset
     def check(self, live: list[CachedReq] = ()) -> dict[str, int]:

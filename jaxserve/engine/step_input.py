@@ -91,15 +91,21 @@ class ScheduledSeq:
 def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets,
                      prev_rows: Mapping[Request, int] | None = None) -> StepInput:
     """Pack the scheduled sequences (their slots already allocated) into a padded StepInput. O(T + S*pages)
-    on the host. A request's token that is still pending (sampled by the step in flight) is taken on device
-    from that step's row `prev_rows[req]`. Rows of sequences that do not sample get greedy padding params."""
+    on the host, plus O(window) per sequence for the SWA group of a hybrid pool. A request's token that is
+    still pending (sampled by the step in flight) is taken on device from that step's row `prev_rows[req]`. Rows of sequences that do not sample get greedy padding params."""
     steps, tokens, rows, from_prev = [], [], [], []
     stops = [seq.start + seq.num_tokens for seq in seqs]
-    fulls, swas = kv.page_ids_many([seq.req.cached for seq in seqs], stops)  # one allocator call per step
+    # one allocator call per step; the SWA group is mapped only where the window reaches
+    swa_from = [kv.window_start(seq.start) for seq in seqs] if kv.hybrid else None
+    fulls, swas = kv.page_ids_many([seq.req.cached for seq in seqs], stops, swa_from)
     t = 0
     for i, (seq, stop) in enumerate(zip(seqs, stops, strict=True)):
         req = seq.req
-        steps.append(SequenceStep(seq.num_tokens, stop, fulls[i], None if swas is None else swas[i]))
+        if swas is None:
+            steps.append(SequenceStep(seq.num_tokens, stop, fulls[i]))
+        else:
+            steps.append(SequenceStep(seq.num_tokens, stop, fulls[i], swas[i],
+                                      swa_first_page=kv.swa_first_page(swa_from[i])))
         known = req.fill_ids()[seq.start:stop]
         if known.shape[0] < seq.num_tokens:  # the last token is pending: one at most
             if prev_rows is None or req not in prev_rows or known.shape[0] + 1 != seq.num_tokens:

@@ -71,8 +71,10 @@ class SequenceStep:
 
     `num_new_tokens` tokens occupy key indices `[kv_len - num_new_tokens, kv_len)`; `page_ids` are the
     full-group pages covering key indices `[0, kv_len)` (more is fine); `swa_page_ids` likewise for the swa
-    group (0 for evicted pages). `positions` overrides the rope positions of the new tokens (default: equal
-    to their key indices).
+    group (0 for evicted pages). `swa_first_page`: `swa_page_ids[0]` is the swa page of page index
+    `swa_first_page`; the pages before it read as 0 (a sliding window never reaches them, so the caller need
+    not map them). `positions` overrides the rope positions of the new tokens (default: equal to their key
+    indices).
     """
 
     num_new_tokens: int
@@ -80,6 +82,7 @@ class SequenceStep:
     page_ids: Sequence[int]
     swa_page_ids: Sequence[int] | None = None
     positions: Sequence[int] | None = None
+    swa_first_page: int = 0
 
 
 def pick_bucket(n: int, buckets: Sequence[int], what: str) -> int:
@@ -134,9 +137,11 @@ def build_attention_metadata(
         if with_swa:
             if step.swa_page_ids is None:
                 raise ValueError(f"sequence {s}: swa_page_ids is required for a model with an swa group")
-            swa_pages = np.asarray(step.swa_page_ids, np.int32)
-            swa_page_table[s, : swa_pages.size] = swa_pages[:max_pages]
-            swa_write_slots[t: t + n] = swa_pages[key_idx // page_size] * page_size + key_idx % page_size
+            swa_pages, lo = np.asarray(step.swa_page_ids, np.int32), step.swa_first_page
+            if lo > (kv_len - n) // page_size:
+                raise ValueError(f"sequence {s}: swa_first_page={lo} is past the first new token's page")
+            swa_page_table[s, lo: lo + swa_pages.size] = swa_pages[: max(max_pages - lo, 0)]
+            swa_write_slots[t: t + n] = swa_pages[key_idx // page_size - lo] * page_size + key_idx % page_size
         positions[t: t + n] = key_idx if step.positions is None else np.asarray(step.positions)
         seq_ids[t: t + n] = s
         kv_lens[s] = kv_len
