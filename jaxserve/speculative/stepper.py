@@ -176,7 +176,9 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: 
         shifts = store(shifts, dest, (verdict.num_accepted, last_tok))
         return pools, dpool, penalties, states, shifts, verdict, top1
 
-    return Programs(prefill, "prefill"), Programs(chain_round, "chain_round")
+    # fixed arguments: target params, draft params, embedding table (see `Programs`)
+    return (Programs(prefill, "prefill", fixed=(0, 1, 6)),
+            Programs(chain_round, "chain_round", fixed=(0, 1, 7)))
 
 
 def _repad_prefill(args: tuple, bucket: Bucket) -> tuple:
@@ -562,9 +564,12 @@ class EagleStepper:
         num_rows = state_rows.shape[0]
         last = np.zeros(num_rows, np.int32)
         last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
-        pages, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])
+        # SWA ids only where the window reaches, from the earliest start a shift back can give
+        swa_from = [kv.window_start(n - nv) for n in starts]
+        pages, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts], swa_from)
         swa = swa if swa is not None else [None] * len(reqs)
-        vsteps = [SequenceStep(nv, n + nv, p, s) for n, p, s in zip(starts, pages, swa, strict=True)]
+        vsteps = [SequenceStep(nv, n + nv, p, s, swa_first_page=kv.swa_first_page(a))
+                  for n, p, s, a in zip(starts, pages, swa, swa_from, strict=True)]
         meta = build_attention_metadata(vsteps, page_size=kv.page_size, with_swa=kv.hybrid,
                                         token_buckets=self.verify_tokens, seq_buckets=self.seq_buckets,
                                         page_buckets=self.page_buckets)

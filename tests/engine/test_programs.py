@@ -1,0 +1,64 @@
+"""`runner.Programs` on a toy function: an executable per signature, and `fixed` arguments whose signature
+part is computed once per object (the parameters are not re-walked every step) without ever selecting the
+wrong executable when the object is replaced."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.engine import runner
+
+
+def _toy() -> runner.Programs:
+    @jax.jit
+    def fn(params, x):
+        return params["w"] @ x + params["b"]
+
+    return runner.Programs(fn, "toy", fixed=(0,))
+
+
+def _params(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"w": jnp.asarray(rng.normal(size=(n, n)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=n), jnp.float32)}
+
+
+def _reference(params: dict, x: np.ndarray) -> np.ndarray:
+    return np.asarray(params["w"]) @ x + np.asarray(params["b"])
+
+
+def _no_repad(args, bucket):
+    raise AssertionError("no fallback expected")
+
+
+def test_fixed_arguments_are_walked_once_per_object(monkeypatch) -> None:
+    programs = _toy()
+    walked = []
+    real = runner._arg_signature
+    monkeypatch.setattr(runner, "_arg_signature", lambda arg: walked.append(arg) or real(arg))
+    params = _params(4, 0)
+    for seed in range(5):
+        x = np.random.default_rng(seed).normal(size=4).astype(np.float32)
+        np.testing.assert_allclose(programs.call((4,), (params, x), _no_repad), _reference(params, x),
+                                   rtol=1e-5, atol=1e-5)
+    assert sum(a is params for a in walked) == 1  # the parameters once, the other argument every call
+    assert sum(a is not params for a in walked) == 5
+    assert programs.num_compiles == 1
+
+
+def test_a_replaced_fixed_argument_gets_its_own_signature() -> None:
+    programs = _toy()
+    x4, x8 = np.ones(4, np.float32), np.arange(8, dtype=np.float32)
+    small, other_small, large = _params(4, 0), _params(4, 1), _params(8, 2)
+    np.testing.assert_allclose(programs.call((4,), (small, x4), _no_repad), _reference(small, x4), rtol=1e-5)
+    # same shapes, new object: same executable, new values
+    np.testing.assert_allclose(programs.call((4,), (other_small, x4), _no_repad), _reference(other_small, x4),
+                               rtol=1e-5)
+    assert programs.num_compiles == 1
+    # new shapes: a second executable, not the first one fed the wrong arguments
+    np.testing.assert_allclose(programs.call((8,), (large, x8), _no_repad), _reference(large, x8), rtol=1e-5)
+    assert programs.num_compiles == 2
+    np.testing.assert_allclose(programs.call((4,), (small, x4), _no_repad), _reference(small, x4), rtol=1e-5)
+    assert programs.num_compiles == 2
