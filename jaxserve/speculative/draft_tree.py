@@ -233,9 +233,11 @@ class TreeDrafter:
                 draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
         if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
             raise RuntimeError("verify allocation failed after room was made (a bug)")
-        full, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts])
+        swa_from = [kv.window_start(n) for n in starts]  # SWA ids only where the window reaches
+        full, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts], swa_from)
         swa = swa if swa is not None else [None] * len(reqs)
-        steps_v = [SequenceStep(nv, n + nv, f, s_) for n, f, s_ in zip(starts, full, swa, strict=True)]
+        steps_v = [SequenceStep(nv, n + nv, f, s_, swa_first_page=kv.swa_first_page(a))
+                   for n, f, s_, a in zip(starts, full, swa, swa_from, strict=True)]
         buckets = dict(token_buckets=w.verify_tokens, seq_buckets=w.seq_buckets, page_buckets=w.page_buckets)
         meta = build_attention_metadata(steps_v, page_size=kv.page_size, with_swa=kv.hybrid, **buckets)
         ext_meta = build_attention_metadata([SequenceStep(nv, n + nv, f) for n, f in zip(starts, full,
