@@ -92,7 +92,8 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
                      prev_rows: Mapping[Request, int] | None = None) -> StepInput:
     """Pack the scheduled sequences (their slots already allocated) into a padded StepInput. O(T + S*pages)
     on the host, plus O(window) per sequence for the SWA group of a hybrid pool. A request's token that is
-    still pending (sampled by the step in flight) is taken on device from that step's row `prev_rows[req]`. Rows of sequences that do not sample get greedy padding params."""
+    still pending (sampled by the step in flight) is taken on device from that step's row `prev_rows[req]`.
+    Rows of sequences that do not sample get greedy padding params."""
     steps, tokens, rows, from_prev = [], [], [], []
     stops = [seq.start + seq.num_tokens for seq in seqs]
     # one allocator call per step; the SWA group is mapped only where the window reaches
