@@ -321,6 +321,7 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, kv: KVCache, buckets: Buckets, num_penalty_rows: int) -> None:
         graphdef, self.params = nnx.split(model)
+        self.graphdef = graphdef  # the model's structure (the programs merge it with `params`)
         self.kv = kv
         self.buckets = buckets
         self.vocab_size = int(model.config.vocab_size)

@@ -89,11 +89,12 @@ class ScheduledSeq:
 
 
 def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets,
-                     prev_rows: Mapping[Request, int] | None = None) -> StepInput:
+                     prev_rows: Mapping[Request, int] | None = None, *, masks: bool = True) -> StepInput:
     """Pack the scheduled sequences (their slots already allocated) into a padded StepInput. O(T + S*pages)
     on the host, plus O(window) per sequence for the SWA group of a hybrid pool. A request's token that is
     still pending (sampled by the step in flight) is taken on device from that step's row `prev_rows[req]`.
-    Rows of sequences that do not sample get greedy padding params."""
+    Rows of sequences that do not sample get greedy padding params.
+    `masks=False`: no grammar masks (the caller fills them later, see `engine.split_step`)."""
     steps, tokens, rows, from_prev = [], [], [], []
     stops = [seq.start + seq.num_tokens for seq in seqs]
     # one allocator call per step; the SWA group is mapped only where the window reaches
@@ -131,7 +132,7 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     for token, row in from_prev:
         prev[token] = row
     # rows of requests with a grammar carry its mask (their last token is on the host: see Engine.step)
-    bitmask = fill_bitmask([seq.req.grammar if seq.samples else None for seq in seqs])
+    bitmask = fill_bitmask([seq.req.grammar if seq.samples else None for seq in seqs]) if masks else None
     sampling = build_sampling_batch(rows, meta.num_seqs, bitmask)
     return StepInput(input_ids, prev, meta, sampling)
 

@@ -7,8 +7,11 @@ applies results, returning the requests that finished. `PlainStepper` runs the p
 Overlap schedule (`PlainStepper`, unless `overlap=False`): step t+1 is built and dispatched while step t
 runs; the tokens step t sampled reach step t+1 on device (`StepInput.prev_rows`). The host reads step t's
 ids only after dispatching t+1, so the device never waits for the host. Sampled outputs are the same under
-both schedules (same steps, same keys). While a request with a grammar runs, steps are applied as they are
-dispatched (its next mask needs its last token on the host).
+both schedules (same steps, same keys). While a request with a grammar runs, its next mask needs its last
+token on the host: the overlap schedule then cuts each step in two (`engine.split_step`): step t+1's
+forward is dispatched, step t is read and applied while it runs, and the sampler follows with the masks
+filled from the grammars' new states. Without the overlap schedule (or for a step with prompt logprobs)
+constrained steps are applied as they are dispatched.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import numpy as np
 
 from jaxserve.engine import prompt_logprobs
 from jaxserve.engine.kv_cache import KVCache
-from jaxserve.engine.request import Request
+from jaxserve.engine.request import Request, Status
 from jaxserve.engine.runner import Bucket, ModelRunner, Programs
 from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.split_step import SplitStep, fill_masks
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.sampling import SampleOutput
+from jaxserve.sampling.grammar import fill_bitmask
 
 
 class Stepper(Protocol):
@@ -62,6 +67,7 @@ class PlainStepper:
         # dispatched, not applied: (batch, samples, the prompt logprobs when a request asked for them)
         self.inflight: tuple[list[ScheduledSeq], SampleOutput, tuple | None] | None = None
         self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
+        self.split: SplitStep | None = None  # made at the first constrained step under the overlap schedule
 
     @property
     def idle(self) -> bool:
@@ -72,7 +78,10 @@ class PlainStepper:
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        return {"step": self.runner.num_compiles}
+        counts = {"step": self.runner.num_compiles}
+        if self.split is not None:
+            counts["split_step"] = self.split.num_compiles
+        return counts
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
         """The plain step's bucket shapes (`ModelRunner.warm_plan`)."""
@@ -82,9 +91,12 @@ class PlainStepper:
         """Schedule and dispatch one step, then apply the results of the step before it (overlap) or of
         this one. Returns the requests that finished."""
         t0 = time.perf_counter()
-        # a request with a grammar needs its last token on the host for its next mask: while one runs, a
-        # step in flight is applied first, on its own, and each step is applied as it is dispatched
+        # a request with a grammar needs its last token on the host for its next mask: while one runs, the
+        # overlap schedule splits the step; without it, a step in flight is applied first, on its own, and
+        # each step is applied as it is dispatched
         constrained = any(r.grammar is not None for r in self.scheduler.running)
+        if constrained and self.overlap:
+            return self._split_step(t0)
         batch = [] if constrained and self.inflight is not None else self.scheduler.schedule()
         inflight, self.inflight = self.inflight, None
         if batch:
@@ -99,6 +111,43 @@ class PlainStepper:
             self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
         if (not self.overlap or constrained) and batch:  # apply this step now (nothing else is in flight)
             inflight, self.inflight = self.inflight, None
+        return self._apply(inflight, t0)
+
+    def _split_step(self, t0: float) -> list[Request]:
+        """One constrained step under the overlap schedule: dispatch this step's forward, apply the step in
+        flight while it runs, then fill this step's masks and dispatch its sampler."""
+        batch = self.scheduler.schedule()
+        inflight, self.inflight = self.inflight, None
+        if not batch:
+            return self._apply(inflight, t0)
+        prev_rows = {} if inflight is None else {s.req: row for row, s in enumerate(inflight[0]) if s.samples}
+        inp = build_step_input(batch, self.kv, self.buckets, prev_rows, masks=False)
+        next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
+        self.stats["steps"] += 1
+        self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
+        logits = None
+        if next_ids is None:
+            if self.split is None:
+                self.split = SplitStep(self.runner)
+            logits = self.split.forward(inp)
+        finished = self._apply(inflight, t0)
+        t0 = time.perf_counter()
+        # every token before this step is applied now: the grammars are in the state this step samples from
+        # (a request that just finished gets no mask: its row is skipped when applied)
+        masks = fill_bitmask([s.req.grammar if s.samples and s.req.status is Status.RUNNING else None
+                              for s in batch])
+        sampling = fill_masks(inp.sampling, masks)
+        if logits is not None:
+            self.inflight = (batch, self.split.sample(logits, sampling), None)
+            self.stats["host_s"] += time.perf_counter() - t0
+            return finished
+        # prompt logprobs need the fused all-positions program: dispatched now and applied at once
+        inp = type(inp)(inp.input_ids, inp.prev_rows, inp.meta, sampling)
+        out, prompt = self.runner.run_with_prompt_logprobs(inp, next_ids)
+        return finished + self._apply((batch, out, prompt), t0)
+
+    def _apply(self, inflight: tuple | None, t0: float) -> list[Request]:
+        """Read a dispatched step's results and apply them (`t0`: when this step's host work began)."""
         if inflight is None:
             return []
         t1 = time.perf_counter()
