@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxserve.engine import multihost
 from jaxserve.engine.config import ServerArgs
 from jaxserve.engine.errors import (
     EngineBusyError,
@@ -47,7 +48,7 @@ from jaxserve.engine.memory_plan import (
     weight_bytes_per_device,
 )
 from jaxserve.engine.request import Request, Status, make_request
-from jaxserve.engine.runner import ModelRunner
+from jaxserve.engine.runner import ModelRunner, enable_background_compiles
 from jaxserve.engine.step_input import Buckets
 from jaxserve.engine.stepper import PlainStepper, Stepper
 from jaxserve.models.decoder import CausalLM, scan_layers
@@ -73,6 +74,11 @@ class Engine:
         speculative = self.args.speculative_algorithm is not None
         if speculative and draft_model is None:
             draft_model = load_draft(self.args)
+        self.multihost = self.args.nnodes > 1
+        if self.multihost:  # before any device work: every process joins, the mesh spans all of them
+            multihost.initialize(self.args.dist_init_addr, self.args.nnodes, self.args.node_rank)
+            multihost.check_mesh_covers_processes(self.args.tp_size)
+            enable_background_compiles(False)  # a padded fallback on one process only would desync them
         self.mesh = make_tp_mesh(self.args.tp_size) if self.args.tp_size > 1 else None
         if model is None:
             aux_ids = tuple(draft_model.config.aux_layer_ids) if speculative else ()
@@ -110,6 +116,8 @@ class Engine:
         self.buckets.check_covers(max_tokens=args.chunked_prefill_size, max_seqs=args.max_running_requests,
                                   max_pages=max_pages)
         self.runner = ModelRunner(model, self.kv, self.buckets, args.max_running_requests)
+        if self.multihost and self.is_leader:
+            self.runner.broadcaster = multihost.Broadcaster()
         sizes = dict(max_tokens=args.chunked_prefill_size, max_running=args.max_running_requests)
         overlap = not args.disable_overlap_schedule
         self.stepper: Stepper
@@ -153,6 +161,25 @@ class Engine:
                              activation_bytes=activation, page_size=args.page_size, kv_dtype=kv_dtype,
                              swa_full_tokens_ratio=args.swa_full_tokens_ratio)
 
+    # ------------------------------------------------------------------ multi-host
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process schedules: always single-process, rank 0 of a multi-host group."""
+        return self.args.node_rank == 0
+
+    def follow(self) -> int:
+        """On a follower rank: run the leader's device operations until it stops the group
+        (`shutdown`); returns how many ran. Raises RuntimeError on the leader or a single process."""
+        if not self.multihost or self.is_leader:
+            raise RuntimeError("Engine.follow runs on the ranks > 0 of a multi-host group only")
+        return multihost.follow(self.runner)
+
+    def shutdown(self) -> None:
+        """On the multi-host leader: end the followers' loops (no step can run after this). Nothing to do
+        on a single process. Also runs at interpreter exit."""
+        if self.runner.broadcaster is not None:
+            self.runner.broadcaster.stop()
+
     # ------------------------------------------------------------------ requests
     def submit(self, prompt: str | None = None, *, input_ids=None,
                sampling_params: SamplingParams | dict | None = None, rid: str | None = None) -> str:
@@ -170,6 +197,9 @@ class Engine:
                                       vocab_size=self.vocab_size, context_length=self.context_length,
                                       kv=self.kv)
         if params.grammar is not None:
+            if self.multihost:  # its split step (engine.split_step) runs outside the mirrored runner calls
+                raise InvalidRequestError(f"request {index}: constrained decoding with nnodes > 1 is not "
+                                          f"supported yet")
             if self.grammar is None:
                 raise InvalidRequestError(f"request {index}: {params.grammar[0]} needs a grammar backend "
                                           f"(--grammar-backend llguidance) and a tokenizer")

@@ -57,6 +57,12 @@ class ServerArgs:
     disable_layer_scan: run the decoder layers as an unrolled Python loop inside the step instead of one
     `jax.lax.scan` over stacked layer parameters (`jaxserve.models.decoder.scan_layers`, the default:
     compile time does not grow with depth); same outputs, for comparison and debugging.
+    dist_init_addr, nnodes, node_rank: multi-host serving (SGLang's flags, `jaxserve.engine.multihost`):
+    with nnodes > 1 every process calls `jax.distributed.initialize` with the coordinator at
+    dist_init_addr ("HOST:PORT", rank 0's host) and its own node_rank in [0, nnodes); the tp mesh then spans
+    the devices of all processes (tp_size must equal the global device count). Rank 0 schedules (and
+    serves HTTP); the other ranks follow its steps (`Engine.follow`). Not with speculative decoding or
+    mem_fraction_static yet.
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
     bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
     with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
@@ -89,6 +95,9 @@ class ServerArgs:
     mem_fraction_static: float | None = None
     disable_layer_scan: bool = False
     debug_token_keys: bool = False
+    dist_init_addr: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
 
     def __post_init__(self) -> None:
         positive = ("page_size", "max_total_tokens", "chunked_prefill_size", "max_running_requests")
@@ -111,6 +120,7 @@ class ServerArgs:
             raise ValueError(f"server arg tp_size={self.tp_size!r} must be an int >= 1")
         if self.tp_size > 1 and self.speculative_algorithm is not None:
             raise ValueError("tp_size > 1 with speculative decoding is not supported yet")
+        self._check_multihost()
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
         if self.speculative_algorithm is not None:
@@ -121,6 +131,29 @@ class ServerArgs:
             raise ValueError(f"grammar_backend={self.grammar_backend!r}; choose llguidance or none")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={self.dtype!r}; choose auto, float32, bfloat16 or float16")
+
+    def _check_multihost(self) -> None:
+        for name, low in (("nnodes", 1), ("node_rank", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"server arg {name}={value!r} must be an int >= {low}")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be below nnodes={self.nnodes} (ranks are "
+                             f"0 .. nnodes - 1)")
+        if self.nnodes == 1:
+            return
+        if self.dist_init_addr is None:
+            raise ValueError(f"nnodes={self.nnodes} needs dist_init_addr (--dist-init-addr HOST:PORT, the "
+                             f"address of rank 0's host, the same on every node)")
+        from jaxserve.engine.multihost import parse_addr
+
+        parse_addr(self.dist_init_addr)
+        if self.speculative_algorithm is not None:
+            raise ValueError("nnodes > 1 with speculative decoding is not supported yet (EAGLE-3 runs on "
+                             "one process only)")
+        if self.mem_fraction_static is not None:
+            raise ValueError("nnodes > 1 with mem_fraction_static is not supported yet (each process would "
+                             "plan from its own free memory); size the pool with max_total_tokens")
 
     def _check_speculative(self) -> None:
         if self.speculative_algorithm.upper() not in ("EAGLE3", "EAGLE"):

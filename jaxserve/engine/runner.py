@@ -45,6 +45,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
+from jaxserve.engine import multihost
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.step_input import Buckets, StepInput, pad_step_input, padding_step_input, step_bucket
 from jaxserve.models.decoder import CausalLM
@@ -322,6 +323,8 @@ class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, buckets: Buckets, num_penalty_rows: int) -> None:
         graphdef, self.params = nnx.split(model)
         self.graphdef = graphdef  # the model's structure (the programs merge it with `params`)
+        # multi-host leader (`engine.multihost`): announces each device operation to the followers first
+        self.broadcaster = None
         self.kv = kv
         self.buckets = buckets
         self.vocab_size = int(model.config.vocab_size)
@@ -338,22 +341,28 @@ class ModelRunner:
     def run(self, inp: StepInput) -> SampleOutput:
         """Dispatch one step; returns the sampled ids/logprobs as device arrays (not yet waited for).
         Tokens marked in `inp.prev_rows` are read on device from the previously dispatched step's samples."""
+        if self.broadcaster is not None:
+            self.broadcaster.send(multihost.OP_STEP, (inp,))
         self.kv.pools, self.penalties, self._last_tokens, out = self._step.call(
             step_bucket(inp), (self.params, self.kv.pools, self.penalties, self._last_tokens, inp),
             _repad_step)
-        return out
+        return out if self.broadcaster is None else multihost.to_local(out)
 
     def run_with_prompt_logprobs(self, inp: StepInput, next_ids: np.ndarray) -> tuple[SampleOutput, tuple]:
         """`run` on the all-positions variant: also (logprobs f32[T] of `next_ids`, top ids i32[T, K], top
         logprobs f32[T, K]) as device arrays (see `engine.prompt_logprobs`)."""
+        if self.broadcaster is not None:
+            self.broadcaster.send(multihost.OP_PROMPT_STEP, (inp, next_ids))
         self.kv.pools, self.penalties, self._last_tokens, (out, prompt) = self._prompt_step.call(
             step_bucket(inp), (self.params, self.kv.pools, self.penalties, self._last_tokens, inp, next_ids),
             _repad_step)
-        return out, prompt
+        return (out, prompt) if self.broadcaster is None else multihost.to_local((out, prompt))
 
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
         """Give penalty row `row` to a request: prompt tokens marked, output tokens counted (also after a
         retraction, so counts survive recomputation)."""
+        if self.broadcaster is not None:
+            self.broadcaster.send(multihost.OP_PENALTY_ROW, (row, prompt_ids, output_ids))
         mask = np.zeros(self.vocab_size, bool)
         mask[np.asarray(prompt_ids, np.int64)] = True
         counts = np.bincount(np.asarray(output_ids, np.int64), minlength=self.vocab_size).astype(np.int32)

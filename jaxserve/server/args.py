@@ -78,6 +78,10 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--mem-fraction-static", float, "size the KV pool from device memory: weights + pools take this "
                                      "fraction (--max-total-tokens, when given, wins); the plan is printed"),
     ("--tp-size", int, "tensor-parallel degree: weights and KV pools sharded over the first N devices"),
+    ("--dist-init-addr", str, "multi-host: HOST:PORT of the coordinator (rank 0's host), the same on "
+                              "every node"),
+    ("--nnodes", int, "multi-host: number of processes (one per host)"),
+    ("--node-rank", int, "multi-host: this process's rank in [0, nnodes); rank 0 serves HTTP"),
     ("--speculative-algorithm", str, "EAGLE3: speculative decoding with an EAGLE-3 draft head"),
     ("--speculative-draft-model-path", str, "EAGLE-3 draft checkpoint directory"),
     ("--speculative-num-steps", int, "draft steps per round"),
@@ -174,6 +178,8 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
         parser.error(f"--decode-log-interval {ns.decode_log_interval}: must be >= 0")
     choice = None
     if ns.attention_backend is not None:
+        if (ns.nnodes or 1) > 1:  # the choice asks JAX for the platform: join the group first
+            _join_multihost(ns, parser)
         try:
             choice = resolve_attention_backend(ns.attention_backend)
         except ValueError as exc:
@@ -195,6 +201,18 @@ def parse_launch_args(argv: Sequence[str] | None = None) -> LaunchArgs:
                       cache_snapshot=ns.cache_snapshot,
                       metrics_prefix=ns.metrics_prefix,
                       log_requests=ns.log_requests, decode_log_interval=ns.decode_log_interval)
+
+
+def _join_multihost(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`jax.distributed.initialize` for the multi-host flags in `ns` (checked first: a usage error names a
+    bad one). It must come before any other JAX call, which `--attention-backend`'s resolution makes."""
+    from jaxserve.engine import multihost
+
+    try:
+        ServerArgs(nnodes=ns.nnodes, node_rank=ns.node_rank or 0, dist_init_addr=ns.dist_init_addr)
+    except ValueError as exc:
+        parser.error(str(exc))
+    multihost.initialize(ns.dist_init_addr, ns.nnodes, ns.node_rank or 0)
 
 
 def engine_kwargs_from(values: dict[str, Any]) -> dict[str, Any]:

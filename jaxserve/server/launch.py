@@ -55,6 +55,8 @@ def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
                           f"or build it with `python -m jaxserve.training.build_embedded`")
     kwargs = dict(args.engine_kwargs)
     spec_supported = "speculative_algorithm" in ServerArgs.__dataclass_fields__
+    if kwargs.get("tp_size", 1) > 1 or kwargs.get("nnodes", 1) > 1:
+        spec_supported = False  # the engine refuses EAGLE-3 under tensor parallelism / multi-host
     if spec_supported and EMBEDDED_DRAFT_DIR.exists() and "speculative_algorithm" not in kwargs:
         kwargs.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(EMBEDDED_DRAFT_DIR))
     elif spec_supported and kwargs.get("speculative_algorithm") and not kwargs.get(
@@ -65,8 +67,8 @@ def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
               f"--speculative-draft-model-path: using the embedded EAGLE-3 head ({EMBEDDED_DRAFT_DIR})",
               file=sys.stderr)
     elif not spec_supported:
-        print("note: the engine has no speculative decoding yet; serving the embedded model without its "
-              "EAGLE-3 draft", file=sys.stderr)
+        print("note: no speculative decoding with this configuration; serving the embedded model without "
+              "its EAGLE-3 draft", file=sys.stderr)
     return str(EMBEDDED_MODEL_DIR), kwargs
 
 
@@ -183,6 +185,19 @@ def setup_compilation_cache(args: LaunchArgs) -> str:
     return f"compilation cache: {path}"
 
 
+def start_multihost(args: LaunchArgs) -> None:
+    """Join the multi-host group (`engine.multihost.initialize`) before anything else touches JAX; refuses
+    what cannot run in lock-step across processes. Raises LaunchError / ValueError with the reason."""
+    from jaxserve.engine import multihost
+
+    kw = args.engine_kwargs
+    if args.cache_snapshot is not None:
+        raise LaunchError("--cache-snapshot with --nnodes > 1 is not supported yet (the restore writes "
+                          "the KV pools from rank 0 only)")
+    logger.info(f"multi-host: rank {kw['node_rank']} of {kw['nnodes']} joining {kw['dist_init_addr']}")
+    multihost.initialize(kw["dist_init_addr"], kw["nnodes"], kw["node_rank"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m jaxserve.launch_server`; returns the exit status."""
     started = time.monotonic()
@@ -196,17 +211,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.attention_choice is not None:
         kind = "warning" if args.attention_choice.fallback else "note"
         print(f"{kind}: {args.attention_choice.message}", file=sys.stderr)
+    kw = args.engine_kwargs
+    nnodes, rank = kw.get("nnodes", 1), kw.get("node_rank", 0)
     try:
+        if nnodes > 1:
+            start_multihost(args)
         logger.info(setup_compilation_cache(args))
         compile_log = compile_cache.CompileLog().install()
-        sock = bind_socket(args.host, args.port)
+        sock = bind_socket(args.host, args.port) if rank == 0 else None
         from jaxserve.engine.runner import enable_background_compiles
 
-        enable_background_compiles()  # a step never waits for its bucket's compile if a larger one is built
+        if nnodes == 1:  # multi-host: every process must run the same executable, never a padded fallback
+            enable_background_compiles()  # a step never waits for its bucket's compile if one is built
         engine = build_engine(args)
     except (LaunchError, ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if rank > 0:
+        ready_s = time.monotonic() - started
+        logger.info(f"multi-host follower {rank}/{nnodes}: engine ready after {ready_s:.1f} s, following "
+                    f"rank 0's steps")
+        count = engine.follow()
+        logger.info(f"multi-host follower {rank}/{nnodes}: stopped by rank 0 after {count} operations")
+        return 0
     import uvicorn
 
     from jaxserve.server import cache_snapshot
@@ -244,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             logger.info(f"cache snapshot: saved {saved.num_nodes} nodes, {saved.num_slots} KV slots to "
                         f"{args.cache_snapshot}")
+    engine.shutdown()  # multi-host: the followers leave their loops (nothing on a single process)
     logger.info(server_log.shutdown_line(num_finished=loop.num_finished, num_aborted=loop.num_aborted,
                                          uptime_s=time.monotonic() - started))
     from jaxserve.engine.runner import stop_background_compiles
