@@ -28,6 +28,7 @@ from jaxserve.engine import multihost
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Once upon a time,"
 NEW_TOKENS = 12
+PENALISED = {"temperature": 0, "max_new_tokens": 6, "frequency_penalty": 1.5}
 ENGINE_FLAGS = ["--max-total-tokens", "1024", "--chunked-prefill-size", "64", "--max-running-requests", "4"]
 DEADLINE_S = 400  # the whole two-process run, start to exit
 
@@ -56,17 +57,28 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-def _single_process_reference() -> list[int]:
+def _single_process_reference() -> tuple[list[int], dict]:
+    """(greedy ids of PROMPT, the penalised request's output ids and prompt logprobs) in one process."""
     code = ("import json; from jaxserve.api import Engine; from jaxserve.assets import EMBEDDED_MODEL_DIR\n"
             "e = Engine(str(EMBEDDED_MODEL_DIR), max_total_tokens=1024, chunked_prefill_size=64, "
             "max_running_requests=4)\n"
             f"out = e.generate({PROMPT!r}, {{'temperature': 0, 'max_new_tokens': {NEW_TOKENS}}})\n"
-            "print('IDS', json.dumps(out['output_ids']))\n")
+            f"pen = e.generate({PROMPT!r}, {{**{PENALISED!r}, 'prompt_logprobs': True}})\n"
+            "print('IDS', json.dumps(out['output_ids']))\n"
+            "print('PEN', json.dumps({'ids': pen['output_ids'], "
+            "'prompt': [x[0] for x in pen['meta_info']['input_token_logprobs']]}))\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(1), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    line = next(x for x in result.stdout.splitlines() if x.startswith("IDS "))
-    return json.loads(line[4:])
+    lines = {x[:3]: json.loads(x[4:]) for x in result.stdout.splitlines() if x[:4] in ("IDS ", "PEN ")}
+    return lines["IDS"], lines["PEN"]
+
+
+def _post(port: int, payload: dict) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
 
 
 def _wait_for_banner(log: Path, procs: list[subprocess.Popen], deadline: float) -> int:
@@ -93,16 +105,19 @@ def test_two_cpu_processes_serve_one_request_like_one_process(tmp_path):
     try:
         procs.append(_start([*common, "--node-rank", "0", "--port", "0"], logs[0], 2))
         procs.append(_start([*common, "--node-rank", "1"], logs[1], 2))
-        expected = _single_process_reference()  # runs while the two processes start
+        expected, penalised = _single_process_reference()  # runs while the two processes start
         port = _wait_for_banner(logs[0], procs, deadline)
-        body = json.dumps({"text": PROMPT, "sampling_params": {"temperature": 0,
-                                                               "max_new_tokens": NEW_TOKENS}}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as response:
-            out = json.loads(response.read())
+        out = _post(port, {"text": PROMPT, "sampling_params": {"temperature": 0,
+                                                               "max_new_tokens": NEW_TOKENS}})
         assert out["output_ids"] == expected
         assert out["meta_info"]["completion_tokens"] == NEW_TOKENS
+        # a penalty row (a runner operation of its own) and the prompt-logprobs step program
+        pen = _post(port, {"text": PROMPT, "sampling_params": PENALISED, "return_logprob": True,
+                           "logprob_start_len": 0})
+        assert pen["output_ids"] == penalised["ids"]
+        prompt = [x[0] for x in pen["meta_info"]["input_token_logprobs"]]
+        assert prompt[0] is None and penalised["prompt"][0] is None
+        np.testing.assert_allclose(prompt[1:], penalised["prompt"][1:], rtol=1e-4, atol=1e-4)
         procs[0].send_signal(signal.SIGTERM)  # the leader shuts down and stops the follower
         for p in procs:
             p.wait(max(1.0, min(120.0, deadline - time.monotonic())))
