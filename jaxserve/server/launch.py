@@ -7,6 +7,11 @@ stops accepting connections, lets open ones finish for up to `GRACEFUL_SHUTDOWN_
 aborts what is left, one `Shutdown:` line goes to stderr; exit status 0 (a background compile still running
 then is left unfinished: the process exits without waiting for it).
 
+Multi-host (`--nnodes N`, `engine.multihost`): every rank runs this same command; each first joins the
+`jax.distributed` group, then builds the same engine. Rank 0 binds the socket and serves; a rank > 0 binds
+nothing and follows rank 0's steps until rank 0 stops (it broadcasts the stop after uvicorn returns), then
+exits 0. Background compiles stay off there (all ranks must run the same executable).
+
 Before the engine is built, JAX's persistent compilation cache is turned on (`server.compile_cache`; a
 restarted server then loads its step programs instead of compiling them) and the `jaxserve` loggers are
 set up (`server.server_log`).
