@@ -61,8 +61,8 @@ class ServerArgs:
     with nnodes > 1 every process calls `jax.distributed.initialize` with the coordinator at
     dist_init_addr ("HOST:PORT", rank 0's host) and its own node_rank in [0, nnodes); the tp mesh then spans
     the devices of all processes (tp_size must equal the global device count). Rank 0 schedules (and
-    serves HTTP); the other ranks follow its steps (`Engine.follow`). Not with speculative decoding or
-    mem_fraction_static yet.
+    serves HTTP); the other ranks follow its steps (`Engine.follow`). Not with speculative decoding,
+    mem_fraction_static or constrained decoding (grammars) yet.
     debug_token_keys: debugging only. With speculative decoding, key the prefix tree by tokens instead of
     bigrams: the behaviour before the EAGLE cache fix, where a prefix hit serves draft KV that was computed
     with another request's next token (outputs stay lossless, acceptance drops). For measuring what bigram
