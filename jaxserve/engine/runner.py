@@ -45,11 +45,25 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from jaxserve.engine import multihost
+from jaxserve.engine import multihost, split_step
 from jaxserve.engine.kv_cache import KVCache
-from jaxserve.engine.step_input import Buckets, StepInput, pad_step_input, padding_step_input, step_bucket
+from jaxserve.engine.step_input import (
+    Buckets,
+    StepInput,
+    pad_sampling,
+    pad_step_input,
+    padding_step_input,
+    step_bucket,
+)
 from jaxserve.models.decoder import CausalLM
-from jaxserve.sampling import PenaltyPool, SampleOutput, new_penalty_pool, sample, update_counts
+from jaxserve.sampling import (
+    PenaltyPool,
+    SampleOutput,
+    SamplingBatch,
+    new_penalty_pool,
+    sample,
+    update_counts,
+)
 from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
 
 Bucket = tuple[int, ...]
@@ -303,6 +317,13 @@ def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False) -> Progra
     return Programs(step, "prompt_step" if prompt_logprobs else "step", fixed=(0,))
 
 
+@functools.lru_cache(maxsize=8)
+def _make_split(graphdef, max_seqs: int) -> tuple[Programs, Programs]:
+    """The (forward, sample) programs of `engine.split_step` for one model graph (cached as `_make_step`)."""
+    forward, sample_step = split_step.split_fns(graphdef, max_seqs)
+    return Programs(forward, "split_forward", fixed=(0,)), Programs(sample_step, "split_sample")
+
+
 def _repad_step(args: tuple, bucket: Bucket) -> tuple:
     """The step's arguments with the StepInput (and the prompt logprobs' next ids) padded to `bucket`."""
     t = bucket[0]
@@ -333,6 +354,7 @@ class ModelRunner:
         self._step = _make_step(graphdef, max_seqs)
         self._prompt_step = _make_step(graphdef, max_seqs, prompt_logprobs=True)
         self._last_tokens = jnp.zeros(max_seqs, jnp.int32)
+        self._split: tuple[Programs, Programs] | None = None  # made at the first split step
         if kv.mesh is not None:  # tensor parallel: every step argument lives on the mesh (replicated)
             replicated = NamedSharding(kv.mesh, PartitionSpec())
             self.penalties, self._last_tokens = jax.device_put((self.penalties, self._last_tokens),
@@ -358,6 +380,31 @@ class ModelRunner:
             _repad_step)
         return (out, prompt) if self.broadcaster is None else multihost.to_local((out, prompt))
 
+    def run_forward(self, inp: StepInput) -> jax.Array:
+        """The first half of a split step (`engine.split_step`): dispatch the model over `inp` (its sampling
+        rows are not read) and return the logits [S', V] (S' >= the input's rows when it ran padded to a
+        larger bucket), not waited for. `run_sample` must follow before the next step."""
+        if self.broadcaster is not None:
+            raise RuntimeError("split steps run on one process only; a multi-host engine refuses grammars")
+        if self._split is None:
+            self._split = _make_split(self.graphdef, self._last_tokens.shape[0])
+        self.kv.pools, logits = self._split[0].call(
+            step_bucket(inp), (self.params, self.kv.pools, self._last_tokens, inp.input_ids, inp.prev_rows,
+                               inp.meta), split_step.repad_forward)
+        return logits
+
+    def run_sample(self, logits: jax.Array, sampling: SamplingBatch) -> SampleOutput:
+        """The second half: sample `run_forward`'s logits with `sampling` (its masks filled now), update the
+        penalty counts and the previous samples as `run` does; returns the samples of `sampling`'s rows as
+        device arrays."""
+        rows = sampling.num_rows
+        sampling = pad_sampling(sampling, logits.shape[0])
+        self.penalties, self._last_tokens, out = self._split[1].call(
+            (logits.shape[0],), (logits, sampling, self.penalties), split_step.repad_sample)
+        if logits.shape[0] == rows:
+            return out
+        return SampleOutput(*(x[:rows] for x in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)))
+
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
         """Give penalty row `row` to a request: prompt tokens marked, output tokens counted (also after a
         retraction, so counts survive recomputation)."""
@@ -373,6 +420,11 @@ class ModelRunner:
         """Distinct executables of the step requested so far (one per bucket shape used, and per shape used
         by a step with prompt logprobs; a shape that ran padded counts once its own program is queued)."""
         return self._step.num_compiles + self._prompt_step.num_compiles
+
+    @property
+    def num_split_compiles(self) -> int:
+        """Executables of both halves of the split step requested so far (0 until the first split step)."""
+        return 0 if self._split is None else self._split[0].num_compiles + self._split[1].num_compiles
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
         """(programs, bucket, arguments) of every plain-step bucket shape (seqs <= tokens), ordered by

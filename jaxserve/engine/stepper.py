@@ -26,7 +26,7 @@ from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.runner import Bucket, ModelRunner, Programs
 from jaxserve.engine.scheduler import Scheduler
-from jaxserve.engine.split_step import SplitStep, fill_masks
+from jaxserve.engine.split_step import fill_masks
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
 from jaxserve.sampling import SampleOutput
 from jaxserve.sampling.grammar import fill_bitmask
@@ -67,7 +67,6 @@ class PlainStepper:
         # dispatched, not applied: (batch, samples, the prompt logprobs when a request asked for them)
         self.inflight: tuple[list[ScheduledSeq], SampleOutput, tuple | None] | None = None
         self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
-        self.split: SplitStep | None = None  # made at the first constrained step under the overlap schedule
 
     @property
     def idle(self) -> bool:
@@ -79,8 +78,8 @@ class PlainStepper:
     @property
     def num_compiles(self) -> dict[str, int]:
         counts = {"step": self.runner.num_compiles}
-        if self.split is not None:
-            counts["split_step"] = self.split.num_compiles
+        if self.runner.num_split_compiles:
+            counts["split_step"] = self.runner.num_split_compiles
         return counts
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
@@ -127,9 +126,7 @@ class PlainStepper:
         self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
         logits = None
         if next_ids is None:
-            if self.split is None:
-                self.split = SplitStep(self.runner)
-            logits = self.split.forward(inp)
+            logits = self.runner.run_forward(inp)
         finished = self._apply(inflight, t0)
         t0 = time.perf_counter()
         # every token before this step is applied now: the grammars are in the state this step samples from
@@ -138,7 +135,7 @@ class PlainStepper:
                               for s in batch])
         sampling = fill_masks(inp.sampling, masks)
         if logits is not None:
-            self.inflight = (batch, self.split.sample(logits, sampling), None)
+            self.inflight = (batch, self.runner.run_sample(logits, sampling), None)
             self.stats["host_s"] += time.perf_counter() - t0
             return finished
         # prompt logprobs need the fused all-positions program: dispatched now and applied at once

@@ -48,7 +48,7 @@ def test_mixed_batch_equals_the_synchronous_path(engines, temperature):
               for i in range(n)]
     got, want = _texts(overlap, prompts, params), _texts(sync, prompts, params)
     assert got == want
-    assert overlap.stepper.split is not None  # the split schedule ran
+    assert overlap.runner.num_split_compiles > 0  # the split schedule ran
     for (text, _, finish), p in zip(got, params, strict=True):  # and the grammars held
         if "regex" in p and finish == "stop":
             assert re.fullmatch(p["regex"], text), text
@@ -83,16 +83,18 @@ def test_split_programs_donate_the_pools_without_copies(engines):
     """The forward half keeps the donated KV pools in place (no copy of a pool-shaped array in its HLO)
     and the sampler half donates the penalty pool, as the fused step does."""
     import jax
+    import jax.numpy as jnp
 
-    from jaxserve.engine.split_step import SplitStep
+    from jaxserve.engine import split_step
     from jaxserve.engine.step_input import padding_step_input
 
     overlap, _ = engines
-    split = SplitStep(overlap.runner)
     r = overlap.runner
+    max_seqs = max(overlap.buckets.seqs)
+    forward, _ = split_step.split_fns(r.graphdef, max_seqs)
     inp = padding_step_input(r.kv, 16, 1, 4)
-    args = (r.params, r.kv.pools, r._last_tokens, inp.input_ids, inp.prev_rows, inp.meta)
-    hlo = split._forward.fn.lower(*args).compile().as_text()
+    args = (r.params, r.kv.pools, jnp.zeros(max_seqs, jnp.int32), inp.input_ids, inp.prev_rows, inp.meta)
+    hlo = forward.lower(*args).compile().as_text()
     pool_leaves = jax.tree.leaves(r.kv.pools)
     dt = {"bfloat16": "u16", "float32": "f32", "float16": "f16"}
     shapes = {f"{dt.get(str(a.dtype), str(a.dtype))}[{','.join(map(str, a.shape))}]" for a in pool_leaves}
@@ -100,7 +102,7 @@ def test_split_programs_donate_the_pools_without_copies(engines):
     copies = [ln for ln in hlo.splitlines() if re.search(r"copy\(", ln) and any(s in ln for s in shapes)]
     assert not copies, copies[:3]
     before, penalties_before = pool_leaves[0], jax.tree.leaves(r.penalties)[0]
-    logits = split.forward(inp)
+    logits = r.run_forward(inp)
     assert before.is_deleted() and not jax.tree.leaves(r.kv.pools)[0].is_deleted()
-    split.sample(logits, inp.sampling)
+    r.run_sample(logits, inp.sampling)
     assert penalties_before.is_deleted() and not jax.tree.leaves(r.penalties)[0].is_deleted()
