@@ -8,9 +8,15 @@ Workload: B prompts of `--prompt-len` seeded random token ids decode `--output-l
 EOS ignored, on the embedded checkpoint (float32). Contenders, each measured as output tokens over the wall
 time of one whole batched generate call (the prompts' prefill included, for all alike):
 - `jaxserve[backend]`: `Engine` with speculative decoding off, radix cache flushed before every pass;
-- `hf eager`: `model.generate` with transformers' default dynamic cache and eager attention;
-- `hf static+compile`: `model.generate` with `cache_implementation="static"` and the forward under
-  `torch.compile` (skipped with `--no-compile`; compiling takes minutes on CPU).
+- `hf eager`: `model.generate` with transformers' default dynamic cache, eager attention and the experts'
+  eager loop over the experts a batch hits (on CPU the fastest of transformers' experts implementations
+  for this model, ahead of the grouped and the per-token batched matmul);
+- `hf static+compile`: `cache_implementation="static"` and transformers' own compile path (`CompileConfig`):
+  the decode forward runs under `torch.compile` with fixed-size attention masks, `fullgraph=True` so no
+  part of it silently falls back to eager, and the experts' grouped matmul (static shapes; the eager loop
+  is data-dependent and breaks the graph). `dynamic=None`: the sliding-window cache layers keep their fill
+  level as a Python int, which a static compile specialises on, recompiling every step; after one
+  recompile dynamo treats it as symbolic. Skipped with `--no-compile` (compiling takes minutes on CPU).
 Every contender first runs the batch once untimed (compiles, warms), then `--repeats` timed passes in ABBA
 order; the median pass is reported. `agree` is the fraction of generated tokens equal to the first
 contender's (float32 greedy decoding of two implementations may part at a near tie; it is reported, not
@@ -54,21 +60,24 @@ def jaxserve_generate(backend: str, max_batch: int, prompt_len: int, output_len:
 
 def hf_generate(static_compile: bool, output_len: int, num_threads: int | None) -> Generate:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, CompileConfig
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, attn_implementation="eager",
                                                  dtype=torch.float32, local_files_only=True).eval()
-    model.config._experts_implementation = "eager"
+    # the experts' Python loop over the hit experts is the fastest eager path, but it is data-dependent:
+    # compiled, the forward uses the sorted grouped matmul, which has static shapes
+    model.set_experts_implementation("grouped_mm" if static_compile else "eager")
     kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, top_p=None,
                   top_k=None, temperature=None, pad_token_id=0)
     if static_compile:
         kwargs["cache_implementation"] = "static"
-        # every (batch, prefill or decode) shape is a graph of its own; past dynamo's default limit of 8 the
-        # forward would silently run eager, which would flatter us
-        torch._dynamo.config.recompile_limit = 256
-        model.forward = torch.compile(model.forward, dynamic=False)
+        # transformers compiles only on accelerators unless told otherwise; "default" mode because
+        # "reduce-overhead" means CUDA graphs
+        config = CompileConfig(fullgraph=True, dynamic=None, mode="default")
+        config._compile_all_devices = True  # a class attribute, not a constructor argument
+        kwargs["compile_config"] = config
 
     def run(prompts: np.ndarray) -> np.ndarray:
         ids = torch.tensor(prompts, dtype=torch.long)
