@@ -88,7 +88,9 @@ def full_logits(runner: Runner, ids: Sequence[int], *, kv_dtype=np.float32):
     """One sequence in one step through page_size-1 pools: returns (logits [T, vocab], aux or None)."""
     n = len(ids)
     layout = runner.model.kv_layout
-    pools = layout.make_pools(n, 1, kv_dtype)
+    # the pool sized to a power of two: a caller growing `ids` one token at a time recompiles only when a
+    # bucket changes, not at every length (the slots past n are never read)
+    pools = layout.make_pools(max(64, 1 << (n - 1).bit_length()), 1, kv_dtype)
     meta = build_attention_metadata(
         [SequenceStep(n, n, list(range(1, n + 1)), list(range(1, n + 1)) if layout.hybrid else None)],
         page_size=1, with_swa=layout.hybrid)
