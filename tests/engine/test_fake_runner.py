@@ -15,6 +15,11 @@ time (prompts sharing stems, so the radix cache matches and evicts), chunk budge
 enough to force eviction and retraction, aborts at any step, page sizes 1 and 4, plain and hybrid pools,
 overlap on and off. Every step the pool's ownership invariants are checked; at the end nothing leaks.
 Milliseconds per example: no model, no compile.
+
+`jaxserve.bench.fuzz` drives the `Scheduler` alone and checks each read against its own record of what
+every slot should hold. This test goes through the parts it leaves out: `PlainStepper`'s overlap schedule,
+`build_step_input` (token packing, `prev_rows`, write slots, page tables, the SWA window's first page) and
+the attention metadata, with a model whose output depends on the context it reads.
 """
 
 from __future__ import annotations
@@ -57,25 +62,19 @@ def reference(prompt: np.ndarray, max_new_tokens: int, eos: int | None = EOS) ->
 
 
 class FakeRunner:
-    """`ModelRunner`'s stepping surface over numpy pools (see the module docstring)."""
+    """The part of `ModelRunner` that `PlainStepper` calls, over numpy pools (see the module docstring)."""
 
     def __init__(self, kv: KVCache) -> None:
         self.kv = kv
-        self.full = np.full(kv.num_slots + kv.page_size, -1, np.int64)
+        self.full = np.full((kv.num_pages + 1) * kv.page_size, -1, np.int64)  # page 0: the padding page
         self.swa = np.full((kv.swa_num_pages + 1) * kv.page_size, -1, np.int64) if kv.hybrid else None
         self.prev = np.zeros(0, np.int64)  # the previous dispatch's samples (the device's `_last_tokens`)
-        self.num_compiles = 0
-        self.num_split_compiles = 0
-        self.num_runs = 0
 
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
         raise AssertionError("no request here uses penalties")
 
     def run_with_prompt_logprobs(self, inp: StepInput, next_ids: np.ndarray):
         raise AssertionError("no request here asks for prompt logprobs")
-
-    def warm_plan(self) -> list:
-        return []
 
     def run(self, inp: StepInput) -> SampleOutput:
         meta, p = inp.meta, self.kv.page_size
@@ -102,7 +101,6 @@ class FakeRunner:
                     f"row {s}: SWA window {window.tolist()} != full context tail {context[lo:].tolist()}"
             out[s] = next_token(context)
         self.prev = out
-        self.num_runs += 1
         rows = meta.num_seqs
         return SampleOutput(out.astype(np.int32), np.zeros(rows, np.float32),
                             np.zeros((rows, MAX_TOP_LOGPROBS), np.int32),
