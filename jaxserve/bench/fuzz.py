@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -88,13 +89,29 @@ def _model_config(cfg: FuzzConfig) -> ModelConfig:
     return ModelConfig.from_dict(raw)
 
 
+def stand_in_tokens(prompt_key: int, indices: np.ndarray) -> np.ndarray:
+    """The stand-in model's output tokens at `indices` (0 = first output) for a prompt, as int64 (EOS about
+    one time in twelve). A 32-bit integer hash of (prompt key, index), so it is the same in every process."""
+    h = ((prompt_key * 0x9E3779B1) & 0xFFFFFFFF) + (np.asarray(indices, np.uint64) + 1) * 0x85EBCA77
+    h &= 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
+    h ^= h >> 12
+    return np.where(h % 12 == 0, EOS, 2 + h % (VOCAB - 2)).astype(np.int64)
+
+
 def stand_in_token(prompt_key: int, index: int) -> int:
-    """The stand-in model's `index`-th output token for a prompt (EOS about one time in twelve)."""
-    h = (prompt_key * 0x9E3779B1 + (index + 1) * 0x85EBCA77) & 0xFFFFFFFF
+    """`stand_in_tokens` for one index, in plain Python (the same hash, for the per-row sampling)."""
+    h = (((prompt_key * 0x9E3779B1) & 0xFFFFFFFF) + (index + 1) * 0x85EBCA77) & 0xFFFFFFFF
     h ^= h >> 15
     h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
     h ^= h >> 12
     return EOS if h % 12 == 0 else 2 + h % (VOCAB - 2)
+
+
+def prompt_key(prompt: np.ndarray) -> int:
+    """The stand-in's key for a prompt: a CRC of its token bytes (not `hash`, which differs per process)."""
+    return zlib.crc32(np.ascontiguousarray(prompt, np.int32).tobytes())
 
 
 def solo_output(prompt_key: int, max_new_tokens: int) -> list[int]:
@@ -124,6 +141,7 @@ class EngineUnderTest:
         self.pool_tokens = np.full(total, _UNWRITTEN, np.int64)
         self.swa_tokens = np.full(total, _UNWRITTEN, np.int64)
         self.keys: dict[Request, int] = {}
+        self.sequences: dict[Request, np.ndarray] = {}  # each live request's tokens, prompt and outputs
         self.inflight: list[ScheduledSeq] | None = None  # the overlap schedule's dispatched step
         self.num_ids = 0
         self.prefixes = [rng.integers(2, VOCAB, size=int(rng.integers(4, 40))) for _ in range(4)]
@@ -144,7 +162,10 @@ class EngineUnderTest:
         req = make_request(f"f{self.num_ids}", prompt, params, tree_root=self.kv.tree.root, seed=0,
                            eos_token_ids=(EOS,))
         self.num_ids += 1
-        self.keys[req] = hash(prompt.tobytes()) & 0xFFFFFFFF
+        self.keys[req] = key = prompt_key(prompt)
+        # every position a step can reach: the prompt, then the stand-in's outputs past the budget (drafts)
+        outputs = stand_in_tokens(key, np.arange(max_new + cfg.num_verify + 1))
+        self.sequences[req] = np.concatenate([prompt.astype(np.int64), outputs])
         self.scheduler.add(req)
         self.stats["arrivals"] += 1
 
@@ -172,23 +193,20 @@ class EngineUnderTest:
             self.stats["finished"] += 1
         else:
             self.stats["aborted"] += 1
-        del self.keys[req]
+        del self.keys[req], self.sequences[req]
 
     # ------------------------------------------------------------------ the stand-in model
-    def _token_at(self, req: Request, position: int) -> int:
-        """The token of `req` at `position` (prompt or output, pending tokens included)."""
-        num_prompt = req.prompt_ids.shape[0]
-        if position < num_prompt:
-            return int(req.prompt_ids[position])
-        return stand_in_token(self.keys[req], position - num_prompt)
+    def _tokens(self, req: Request, start: int, stop: int) -> np.ndarray:
+        """The tokens of `req` at positions [start, stop) (prompt or output, pending tokens included)."""
+        return self.sequences[req][start:stop]
 
-    def _read_and_write(self, req: Request, start: int, stop: int, tokens: Sequence[int]) -> None:
+    def _read_and_write(self, req: Request, start: int, stop: int, tokens: np.ndarray) -> None:
         """A step computes positions [start, stop) of `req` with these tokens: it first reads the context
         (every earlier position's KV must hold that request's token), then writes its own."""
         slots = req.cached.kv_slots
         if slots.shape[0] < stop:
             raise InvariantViolation(f"{req.rid}: {slots.shape[0]} slots for a step up to position {stop}")
-        expected = np.array([self._token_at(req, p) for p in range(start)], np.int64)
+        expected = self._tokens(req, 0, start)
         held = self.pool_tokens[slots[:start]]
         if not np.array_equal(held, expected):
             bad = int(np.flatnonzero(held != expected)[0])
@@ -207,8 +225,7 @@ class EngineUnderTest:
     def _dispatch(self, batch: list[ScheduledSeq]) -> None:
         for seq in batch:
             stop = seq.start + seq.num_tokens
-            self._read_and_write(seq.req, seq.start, stop,
-                                 [self._token_at(seq.req, p) for p in range(seq.start, stop)])
+            self._read_and_write(seq.req, seq.start, stop, self._tokens(seq.req, seq.start, stop))
 
     def _sampled(self, batch: list[ScheduledSeq]) -> tuple[np.ndarray, np.ndarray]:
         ids = np.zeros(max(1, len(batch)), np.int32)
@@ -269,11 +286,11 @@ class EngineUnderTest:
         for req in reqs:
             n = req.num_computed
             accepted = int(self.rng.integers(0, nv))
-            real = [self._token_at(req, p) for p in range(n, n + accepted + 1)]
-            drafts = real + [int(t) for t in self.rng.integers(2, VOCAB, size=nv - accepted - 1)]
+            drafts = np.concatenate([self._tokens(req, n, n + accepted + 1),
+                                     self.rng.integers(2, VOCAB, size=nv - accepted - 1)])
             self._read_and_write(req, n, n + nv, drafts)
-            done = len(req.output_ids)
-            new = [stand_in_token(self.keys[req], done + j) for j in range(accepted + 1)]
+            done = req.prompt_ids.shape[0] + len(req.output_ids)  # the position of the next output token
+            new = self.sequences[req][done:done + accepted + 1].tolist()
             finished = False
             for token in new:
                 if req.stop.append(token) is not None:

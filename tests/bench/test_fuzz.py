@@ -4,6 +4,10 @@ overwritten under a cached prefix, a lost output token)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -78,3 +82,22 @@ def test_cli_prints_a_zero_violation_summary(capsys):
     assert fz.main(["--ops", "2000", "--seed", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("2000 ops over ") and "0 violations" in out
+
+
+def test_a_run_is_the_same_in_every_process():
+    """The stand-in's outputs, and so a whole run, depend only on the seed (not on Python's per-process
+    string hashing): two processes with different hash seeds print the same per-configuration figures."""
+    runs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-m", "jaxserve.bench.fuzz", "--ops", "3000", "--seed", "4"],
+                              capture_output=True, text=True, timeout=300, env=env, check=True)
+        runs.append(done.stdout.splitlines()[1:])  # the first line carries the run's seconds
+    assert runs[0] == runs[1] and len(runs[0]) == len(fz.CONFIGS)
+
+
+def test_the_vectorised_stand_in_equals_the_scalar_one():
+    keys = [0, 1, 0xFFFFFFFF, *np.random.default_rng(0).integers(0, 1 << 32, size=50).tolist()]
+    for key in keys:
+        scalar = [fz.stand_in_token(key, i) for i in range(64)]
+        assert fz.stand_in_tokens(key, np.arange(64)).tolist() == scalar
