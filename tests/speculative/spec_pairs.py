@@ -86,6 +86,19 @@ def engine(kind: str, *, which: str | None = "copy", page_size: int = 1, max_tot
                   **{**spec, **kwargs})
 
 
+_PLAIN: dict[str, list[dict]] = {}
+
+
+def plain_outputs(kind: str, prompts, params, **kwargs) -> list[dict]:
+    """The plain engine's `generate` outputs (the lossless reference), computed once per argument set: test
+    variants that differ only in the speculative engine (page size, chain or tree) share one reference.
+    Read them, do not mutate them."""
+    key = repr((kind, prompts, params, sorted(kwargs.items())))
+    if key not in _PLAIN:
+        _PLAIN[key] = engine(kind, which=None, **kwargs).generate(input_ids=prompts, sampling_params=params)
+    return _PLAIN[key]
+
+
 def shared_prefix_prompts(seed: int, n: int = 6) -> list[list[int]]:
     """Prompts in families: a common stem, then one to three diverging tails of random lengths."""
     rng = np.random.RandomState(seed)

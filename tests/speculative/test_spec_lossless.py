@@ -15,9 +15,8 @@ GREEDY = {"temperature": 0}
 
 
 def _reference(kind: str, prompts, max_new: list[int]) -> list[list[int]]:
-    plain = sp.engine(kind, which=None, disable_radix_cache=True)
     params = [{**GREEDY, "max_new_tokens": m} for m in max_new]
-    outs = plain.generate(input_ids=prompts, sampling_params=params)
+    outs = sp.plain_outputs(kind, prompts, params, disable_radix_cache=True)
     return [o["output_ids"] for o in outs]
 
 
@@ -95,9 +94,8 @@ def test_greedy_with_penalties_equals_plain(tree):
               {**GREEDY, "max_new_tokens": 40, "repetition_penalty": 1.8},
               {**GREEDY, "max_new_tokens": 40, "frequency_penalty": 0.7, "presence_penalty": 0.3},
               {**GREEDY, "max_new_tokens": 40}]
-    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
-    unpenalised = sp.engine("llama", which=None).generate(
-        input_ids=prompts, sampling_params=[{**GREEDY, "max_new_tokens": 40}] * 6)
+    plain = sp.plain_outputs("llama", prompts, params)
+    unpenalised = sp.plain_outputs("llama", prompts, [{**GREEDY, "max_new_tokens": 40}] * 6)
     # the penalties change the outputs (else this test could not fail)
     assert all(plain[i]["output_ids"] != unpenalised[i]["output_ids"] for i in (1, 2, 3, 4))
     extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}

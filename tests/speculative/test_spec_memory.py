@@ -18,8 +18,7 @@ GREEDY = {"temperature": 0}
 def test_tiny_pool_evicts_and_retracts_losslessly(kind, page_size):
     prompts = sp.shared_prefix_prompts(seed=21, n=8)
     params = {**GREEDY, "max_new_tokens": 28}
-    ref = sp.engine(kind, which=None, disable_radix_cache=True).generate(input_ids=prompts,
-                                                                         sampling_params=params)
+    ref = sp.plain_outputs(kind, prompts, params, disable_radix_cache=True)
     engine = sp.engine(kind, page_size=page_size, max_total_tokens=160)
     outs = engine.generate(input_ids=prompts[:4], sampling_params=params)
     outs += engine.generate(input_ids=prompts[4:], sampling_params=params)
@@ -32,7 +31,7 @@ def test_tiny_pool_evicts_and_retracts_losslessly(kind, page_size):
 def test_aborts_mid_decode_free_their_kv_and_the_rest_is_unchanged():
     prompts = sp.shared_prefix_prompts(seed=5, n=6)
     params = {**GREEDY, "max_new_tokens": 30}
-    ref = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    ref = sp.plain_outputs("llama", prompts, params)
     engine = sp.engine("llama", max_total_tokens=512)
     rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts]
     for _ in range(4):  # a prefill step, then decode rounds
@@ -88,12 +87,12 @@ def test_last_prefill_chunk_of_one_token_and_tree_drafting_under_retraction():
     rng = np.random.RandomState(8)
     prompts = [rng.randint(0, 256, size=n).tolist() for n in (17, 33, 5)]
     params = {**GREEDY, "max_new_tokens": 20}
-    ref = sp.engine("llama", which=None, chunk=16).generate(input_ids=prompts, sampling_params=params)
+    ref = sp.plain_outputs("llama", prompts, params, chunk=16)
     outs = sp.engine("llama", chunk=16).generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
     prompts = sp.shared_prefix_prompts(seed=4, n=5)
     params = {**GREEDY, "max_new_tokens": 25}
-    ref = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    ref = sp.plain_outputs("llama", prompts, params)
     engine = sp.engine("llama", page_size=16, num_steps=1, speculative_eagle_topk=3,
                        speculative_num_draft_tokens=4, max_total_tokens=160)
     outs = engine.generate(input_ids=prompts, sampling_params=params)
@@ -145,7 +144,7 @@ def test_penalised_requests_survive_retraction(tree):
     counted, so penalised greedy output in a tiny pool (retractions) still equals the plain engine's."""
     prompts = sp.shared_prefix_prompts(seed=31, n=6)
     params = [{**GREEDY, "max_new_tokens": 28, "frequency_penalty": 0.9, "repetition_penalty": 1.3}] * 6
-    ref = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    ref = sp.plain_outputs("llama", prompts, params)
     extra = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4) if tree else {}
     engine = sp.engine("llama", num_steps=2, max_total_tokens=160, **extra)
     outs = engine.generate(input_ids=prompts, sampling_params=params)
@@ -162,8 +161,7 @@ def test_a_request_filling_the_pool_alone_finishes_under_the_overlapped_schedule
     prompt = sp.shared_prefix_prompts(seed=41, n=1)[0]
     total = 160
     params = {**GREEDY, "max_new_tokens": total - len(prompt) - 5, "ignore_eos": True}
-    ref = sp.engine("llama", which=None, max_total_tokens=total).generate(input_ids=prompt,
-                                                                         sampling_params=params)
+    ref = sp.plain_outputs("llama", prompt, params, max_total_tokens=total)
     engine = sp.engine("llama", num_steps=3, max_total_tokens=total)
     out = engine.generate(input_ids=prompt, sampling_params=params)
     assert out["output_ids"] == ref["output_ids"]

@@ -21,8 +21,7 @@ def test_switching_mid_request_keeps_greedy_output_equal_to_plain(drafting, over
     plain steps for all three), they finish, and the long one goes back to rounds."""
     prompts = sp.shared_prefix_prompts(seed=5, n=3)
     max_new = [48, 8, 10]
-    plain = sp.engine("llama", which=None).generate(
-        input_ids=prompts, sampling_params=[{**GREEDY, "max_new_tokens": m} for m in max_new])
+    plain = sp.plain_outputs("llama", prompts, [{**GREEDY, "max_new_tokens": m} for m in max_new])
     extra = TREE if drafting == "tree" else dict(num_steps=3)
     engine = sp.engine("llama", speculative_disable_batch_size=3, disable_overlap_schedule=not overlap,
                        **extra)
@@ -51,7 +50,7 @@ def test_policy_auto_runs_both_paths_and_stays_lossless():
     """`auto` explores rounds and plain steps (timing decides which it keeps): output equals plain."""
     prompts = sp.shared_prefix_prompts(seed=9, n=4)
     params = {**GREEDY, "max_new_tokens": 40}
-    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    plain = sp.plain_outputs("llama", prompts, params)
     engine = sp.engine("llama", num_steps=3, speculative_policy="auto")
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
@@ -70,7 +69,7 @@ def test_plain_steps_under_eagle_equal_the_plain_engine_for_sampled_requests(ove
               {"temperature": 0.9, "top_p": 0.9, "max_new_tokens": 24, "seed": 3},
               {"temperature": 1.1, "top_k": 5, "max_new_tokens": 13, "seed": 4, "frequency_penalty": 0.7},
               {**GREEDY, "max_new_tokens": 17, "presence_penalty": 0.8}]
-    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    plain = sp.plain_outputs("llama", prompts, params)
     engine = sp.engine("llama", num_steps=3, speculative_disable_batch_size=1,
                        disable_overlap_schedule=not overlap)
     rids = [engine.submit(input_ids=p, sampling_params=q) for p, q in zip(prompts, params, strict=True)]
@@ -90,7 +89,7 @@ def test_abort_while_a_plain_step_is_in_flight_leaks_nothing():
     the others finish with the plain engine's output."""
     prompts = sp.shared_prefix_prompts(seed=23, n=3)
     params = {**GREEDY, "max_new_tokens": 16}
-    plain = sp.engine("llama", which=None).generate(input_ids=prompts, sampling_params=params)
+    plain = sp.plain_outputs("llama", prompts, params)
     engine = sp.engine("llama", num_steps=3, speculative_disable_batch_size=1)
     rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts]
     while len(engine.request(rids[1]).output_ids) < 5:

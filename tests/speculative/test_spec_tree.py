@@ -19,7 +19,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 30}
                           ("gpt_oss", 16, 4, 2, 6)])
 def test_tree_greedy_output_equals_plain_greedy(kind, page_size, topk, steps, num_draft):
     prompts = sp.shared_prefix_prompts(seed=11 + page_size, n=6)
-    ref = sp.engine(kind, which=None).generate(input_ids=prompts, sampling_params=GREEDY)
+    ref = sp.plain_outputs(kind, prompts, GREEDY)
     engine = sp.engine(kind, page_size=page_size, num_steps=steps, speculative_eagle_topk=topk,
                        speculative_num_draft_tokens=num_draft)
     outs = engine.generate(input_ids=prompts[:3], sampling_params=GREEDY)
