@@ -79,6 +79,7 @@ def test_new_grammars_compile_nothing_new(engines):
     assert before["split_step"] <= buckets.num_shapes + len(buckets.seqs)
 
 
+@pytest.mark.xla_optimized
 def test_split_programs_donate_the_pools_without_copies(engines):
     """The forward half keeps the donated KV pools in place (no copy of a pool-shaped array in its HLO)
     and the sampler half donates the penalty pool, as the fused step does."""

@@ -126,6 +126,7 @@ def test_swa_tables_are_read_for_swa_layers(name):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
 
 
+@pytest.mark.xla_optimized
 @pytest.mark.parametrize("name", KERNELS)
 def test_donated_two_layer_step_never_copies_the_pool(name):
     """Each layer writes, then the kernel reads the new pool: XLA keeps the donated pool in place (checked

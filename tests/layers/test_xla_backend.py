@@ -144,6 +144,7 @@ def test_swa_tables_are_read_for_swa_layers():
     np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=2e-6)
 
 
+@pytest.mark.xla_optimized
 @pytest.mark.parametrize("walk", ["token", "query"])
 def test_donated_two_layer_step_never_copies_the_pool(walk):
     """Each layer writes, then its key-block loop reads the new pool: XLA keeps the donated pool in place."""

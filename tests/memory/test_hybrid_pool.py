@@ -92,6 +92,7 @@ def test_hybrid_donated_writes_alias_both_groups() -> None:
     assert (pool.full.data.unsafe_buffer_pointer(), pool.swa.data.unsafe_buffer_pointer()) == ptrs
 
 
+@pytest.mark.xla_optimized
 def test_period_scan_over_full_and_swa_layers_writes_in_place() -> None:
     """Alternating layers: scan over (full, swa) pairs, write-then-read both pools; no full-pool copy."""
     pool = make_hybrid_kv_pool((1, 3), 4, 6, 3, P, H, D, jnp.bfloat16)

@@ -95,6 +95,7 @@ def test_donated_write_deletes_input_and_aliases_output() -> None:
     assert np.array_equal(np.asarray(v2), np.asarray(v_all[1]))
 
 
+@pytest.mark.xla_optimized
 def test_bf16_write_never_materialises_a_float_copy_of_the_pool() -> None:
     """The compiled donated write has no f32/bf16 array of the pool's shape (the CPU upcast pitfall)."""
     pool = make_kv_pool(L, PAGES, P, H, D, jnp.bfloat16)
@@ -123,6 +124,7 @@ def full_pool_copies(hlo: str, shape: tuple[int, ...]) -> int:
     return sum(1 for line in hlo.splitlines() if " copy(" in line and dims in line.split("=", 1)[1][:40])
 
 
+@pytest.mark.xla_optimized
 def test_write_then_read_inside_one_donated_step() -> None:
     step = jax.jit(_step, donate_argnums=0)
     pool = make_kv_pool(L, PAGES, P, H, D, jnp.bfloat16)
@@ -140,6 +142,7 @@ def test_write_then_read_inside_one_donated_step() -> None:
     assert np.allclose(np.asarray(sums), expect, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.xla_optimized
 def test_move_kv_copies_every_layer_in_place() -> None:
     pool = make_kv_pool(L, PAGES, P, H, D, jnp.bfloat16)
     k_all, v_all = _kv(10, (L, 3, H, D), jnp.bfloat16)

@@ -86,6 +86,7 @@ def test_aux_hidden_states_match_unrolled():
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.xla_optimized
 @pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
 def test_scanned_step_keeps_pools_in_place(arch):
     """The compiled step scans (a while loop), aliases each donated pool to an output and never copies one:

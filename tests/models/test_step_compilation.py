@@ -66,6 +66,7 @@ def test_kv_pools_are_donated(step):
     assert not new_pools.data.is_deleted()
 
 
+@pytest.mark.xla_optimized
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_compiled_step_never_copies_a_pool(hybrid):
     """Write-before-read per layer keeps the donated pools in place: no `copy` of a pool-shaped array
