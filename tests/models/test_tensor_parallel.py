@@ -23,4 +23,4 @@ def test_tensor_parallel_greedy_outputs_and_per_device_bytes(arch, tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), arch], capture_output=True,
                             text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert [f"OK {arch} tp={tp}" in result.stdout for tp in (1, 2, 4)] == [True] * 3, result.stdout
+    assert [f"OK {arch} tp={tp}" in result.stdout for tp in (2, 4)] == [True] * 2, result.stdout
