@@ -21,7 +21,16 @@ from typing import Any
 import numpy as np
 
 from cache.errors import CacheError
-from cache.invariant_checks import check_continues_parent, check_node_shape, check_req_path, fail
+from cache.invariant_checks import (
+    check_continues_parent,
+    check_node_shape,
+    check_partition,
+    check_req_path,
+    fail,
+    free_pages,
+    request_pages,
+    whole_pages,
+)
 from cache.keys import SLOT_DTYPE
 
 
@@ -31,10 +40,6 @@ def _check_node(cache: Any, node: Any) -> None:
     if node.lock_ref < 0 or (parent is not cache.root and parent.lock_ref < node.lock_ref):
         fail(f"{node!r}: lock_ref {node.lock_ref} vs parent's {parent.lock_ref}")
     check_continues_parent(cache, node)
-
-
-def _pages(slots: np.ndarray, page_size: int) -> np.ndarray:
-    return slots // page_size if page_size > 1 else slots
 
 
 def check_radix_invariants(cache: Any, live_reqs: Iterable[Any] = ()) -> dict[str, int]:
@@ -67,25 +72,17 @@ def check_radix_invariants(cache: Any, live_reqs: Iterable[Any] = ()) -> dict[st
             fail(f"request {req!r}: its last_node is not in the tree ({exc})")
         check_req_path(req, path)
         locks.update(path)
-        private.append(np.unique(_pages(np.asarray(req.kv_slots[num_tree:], SLOT_DTYPE), page_size)))
+        private.append(request_pages(np.asarray(req.kv_slots[num_tree:], SLOT_DTYPE), page_size))
     for node, count in locks.items():
         if node.lock_ref < count:
             fail(f"{node!r}: lock_ref {node.lock_ref} < {count} live requests locking it")
     free = np.asarray(cache.allocator.free_slot_ids(), SLOT_DTYPE)
     tree = np.concatenate(tree_values) if tree_values else np.zeros(0, SLOT_DTYPE)
-    free_units, tree_units = np.unique(_pages(free, page_size)), _pages(tree[::page_size], page_size)
-    if free_units.shape[0] * page_size != free.shape[0]:
-        fail(f"the allocator's free set ({free.shape[0]} slots) is not whole, distinct pages of {page_size}")
+    free_units, tree_units = free_pages("full", free, page_size), whole_pages(tree, page_size)
     live_units = np.concatenate(private) if private else np.zeros(0, SLOT_DTYPE)
-    owned = np.concatenate([free_units, tree_units, live_units])
-    uniq, counts = np.unique(owned, return_counts=True)
-    if (counts > 1).any():
-        unit = "page" if page_size > 1 else "slot"
-        fail(f"{unit}s owned twice (free / tree / live request): {uniq[counts > 1][:10].tolist()}")
-    num_pages = getattr(cache.allocator, "num_pages", None)
-    if num_pages is not None and uniq.shape[0] != num_pages:
-        missing = np.setdiff1d(np.arange(1, num_pages + 1), uniq)[:10].tolist()
-        fail(f"leak: {num_pages - uniq.shape[0]} page(s) owned by nobody, e.g. {missing}")
+    unit = "page" if page_size > 1 else "slot"
+    check_partition("full", {"free": free_units, "tree": tree_units, "live request": live_units},
+                    getattr(cache.allocator, "num_pages", None), unit)
     names = (
         ("free", "tree", "live_only") if page_size == 1 else ("free_pages", "tree_pages", "live_only_pages")
     )

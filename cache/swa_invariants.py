@@ -21,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from cache.invariant_checks import check_continues_parent, check_node_shape, check_req_path, fail
+from cache.invariant_checks import (
+    check_continues_parent,
+    check_node_shape,
+    check_partition,
+    check_req_path,
+    fail,
+    free_pages,
+    request_pages,
+    whole_pages,
+)
 from cache.keys import SLOT_DTYPE
 
 _NONE = np.zeros(0, SLOT_DTYPE)
@@ -81,16 +90,6 @@ def _check_requests(tree: Any, live_reqs: Iterable[Any]) -> list[np.ndarray]:
     return private
 
 
-def _exclusive(kind: str, groups: dict[str, np.ndarray], num_total: int | None) -> None:
-    owned = np.concatenate(list(groups.values()))
-    uniq, counts = np.unique(owned, return_counts=True)
-    if (counts > 1).any():
-        fail(f"{kind} pages owned twice ({', '.join(groups)}): {uniq[counts > 1][:10].tolist()}")
-    if num_total is not None and uniq.shape[0] != num_total:
-        missing = np.setdiff1d(np.arange(1, num_total + 1), uniq)[:10].tolist()
-        fail(f"{kind} leak: {num_total - uniq.shape[0]} page(s) owned by nobody, e.g. {missing}")
-
-
 def check_swa_invariants(tree: Any, live_reqs: Iterable[Any] = ()) -> dict[str, int]:
     """Raise InvariantError on any broken rule; else return slot counts `{'free', 'tree', 'live_only',
     'swa_free'}` (the units of SGLang's demo, `cache/README.md` "Appendix A"). Pool sizes are checked for
@@ -99,31 +98,28 @@ def check_swa_invariants(tree: Any, live_reqs: Iterable[Any] = ()) -> dict[str, 
     nodes = _check_tree(tree)
     private = _check_requests(tree, live_reqs)
 
-    def pages(slots: np.ndarray) -> np.ndarray:
-        return np.unique(slots // page_size)
-
     live_vals = [n.value for n in nodes if not n.tombstone]
     tomb_vals = [n.value for n in nodes if n.tombstone]
     live_tree = np.concatenate(live_vals) if live_vals else _NONE
     tomb_tree = np.concatenate(tomb_vals) if tomb_vals else _NONE
     if (alloc.swa_slots_of(tomb_tree) != 0).any():
         fail("S7: a tombstone's full slots still map to SWA slots")
-    live_pages = pages(live_tree)
-    tree_pages = np.concatenate([live_pages, pages(tomb_tree)])
-    private_pages = [pages(p) for p in private]
+    unit = "page" if page_size > 1 else "slot"
+    live_pages = whole_pages(live_tree, page_size)
+    tree_pages = np.concatenate([live_pages, whole_pages(tomb_tree, page_size)])
+    private_pages = [request_pages(p, page_size) for p in private]
     req_pages = np.concatenate(private_pages) if private_pages else _NONE
     free = np.asarray(alloc.free_slot_ids(), SLOT_DTYPE)
-    full_groups = {"free": pages(free), "tree": tree_pages, "live request": req_pages}
-    _exclusive("full", full_groups, getattr(alloc, "num_pages", None))
+    full_groups = {"free": free_pages("full", free, page_size), "tree": tree_pages, "live request": req_pages}
+    check_partition("full", full_groups, getattr(alloc, "num_pages", None), unit)
     mapped_from = np.concatenate([live_pages, req_pages])
     swa = alloc.swa_slots_of(mapped_from * page_size)
     if (swa == 0).any():
         bad = mapped_from[swa == 0][:10].tolist()
         fail(f"S7: full pages {bad} of live nodes or live requests map to no SWA slot")
     swa_free = np.asarray(alloc.free_swa_slot_ids(), SLOT_DTYPE)
-    _exclusive(
-        "SWA", {"free": pages(swa_free), "mapped": swa // page_size}, getattr(alloc, "num_swa_pages", None)
-    )
+    swa_groups = {"free": free_pages("SWA", swa_free, page_size), "mapped": swa // page_size}
+    check_partition("SWA", swa_groups, getattr(alloc, "num_swa_pages", None), unit)
     num_private = sum(int(p.shape[0]) for p in private)
     return {
         "free": int(free.shape[0]),
