@@ -37,3 +37,42 @@ def _production_xla_for_hlo_checks(request):
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
+
+
+_REPORT = os.environ.get("JAXSERVE_COMPILE_REPORT")  # a path prefix: one JSON-lines file per xdist worker
+if _REPORT:
+    import json
+    import time
+
+    _totals: dict[str, float] = {}
+
+    def _on_duration(event: str, seconds: float, **_: object) -> None:
+        if event.startswith("/jax/core/compile/"):
+            name = event.rsplit("/", 1)[-1]
+            _totals[name] = _totals.get(name, 0.0) + seconds
+            _totals[name + "_count"] = _totals.get(name + "_count", 0.0) + 1
+
+    def _on_event(event: str, **_: object) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            _totals["cache_hits"] = _totals.get("cache_hits", 0.0) + 1
+
+    @pytest.fixture(autouse=True)
+    def _compile_report(request):
+        """Opt-in (`JAXSERVE_COMPILE_REPORT=/tmp/prefix`): per test, wall and this process's CPU seconds (the
+        latter barely moves with other load on the machine), and JAX's trace, lower and backend-compile
+        seconds and counts (a persistent-cache hit counts as a compile request and a hit)."""
+        from jax import monitoring
+
+        if not getattr(_compile_report, "installed", False):
+            monitoring.register_event_duration_secs_listener(_on_duration)
+            monitoring.register_event_listener(_on_event)
+            _compile_report.installed = True
+        _totals.clear()
+        start, cpu = time.perf_counter(), time.process_time()
+        yield
+        row = {"test": request.node.nodeid, "wall": round(time.perf_counter() - start, 3),
+               "cpu": round(time.process_time() - cpu, 3),
+               **{k: round(v, 3) for k, v in _totals.items()}}
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{_REPORT}.{worker}.jsonl", "a") as out:
+            out.write(json.dumps(row) + "\n")
