@@ -1,45 +1,77 @@
 """The engine on each Pallas kernel (interpret mode on CPU) produces `native`'s greedy tokens.
 
-The embedded gpt-oss (sliding window 32 on half the layers, sinks, MoE) with its EAGLE-3 head drafting
-trees (top-2 branches, 4 draft tokens): prefill chunks, radix-cache hits (the prompts share a prefix),
-tree verification under the custom mask and the draft head's own attention all run on the kernel.
-Page size 16; the prompts cross the window and several 64-token chunks.
+Two targets, each with an EAGLE-3 head drafting chains (3 steps) and trees (top-2 branches, 4 draft tokens):
+- the embedded gpt-oss (sliding window 32 on half the layers, sinks, MoE) with its trained head;
+- the speculative tests' tiny Llama (`spec_pairs`, full attention) with its copy head.
+Prefill chunks, radix-cache hits (the second batch shares the first prompt's prefix), chain and tree
+verification (the tree under the custom mask) and the draft head's own attention all run on the kernel.
+Page size 16; the prompts cross the window and several 64-token chunks. The reference is the same engine
+on `native`, run once per (target, drafting). Each run must accept some drafts and hit the cache, so a
+kernel bug on the verify or cached-prefix path cannot hide behind a case that never reaches it.
 """
+
+import functools
 
 import pytest
 
 from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_DRAFT_DIR, EMBEDDED_MODEL_DIR
+from jaxserve.loader.load import load_model
+from jaxserve.speculative.eagle3_checkpoint import load_eagle3_draft
 from tests.engine.conftest import prompts, small_buckets
+from tests.speculative import spec_pairs as sp
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
-TREE = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(EMBEDDED_DRAFT_DIR),
-            speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)
+DRAFTING = {"chain": dict(speculative_num_steps=3),
+            "tree": dict(speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)}
+PAGE_SIZE, CHUNK, MAX_RUNNING = 16, 64, 4
 
 
-def _outputs(backend: str) -> list[list[int]]:
-    engine = Engine(model_path=str(EMBEDDED_MODEL_DIR), page_size=16, max_total_tokens=1024,
-                    chunked_prefill_size=64, max_running_requests=4, attention_backend=backend,
-                    buckets=small_buckets(max_tokens=64, max_seqs=4, max_pages=64), **TREE)
+@functools.cache
+def _gpt_oss(backend: str):
+    """The embedded gpt-oss and its EAGLE-3 head, both attending on `backend` (one pair per backend: the
+    chain and tree engines share its compiled steps)."""
+    draft = load_eagle3_draft(EMBEDDED_DRAFT_DIR, target_num_layers=4, backend=backend)
+    model = load_model(EMBEDDED_MODEL_DIR, progress=False, backend=backend,
+                       aux_hidden_state_layer_ids=tuple(draft.config.aux_layer_ids))
+    return model, draft
+
+
+def _engine(kind: str, drafting: str, backend: str) -> Engine:
+    if kind == "llama":
+        spec = dict(DRAFTING[drafting])
+        return sp.engine("llama", backend=backend, page_size=PAGE_SIZE, chunk=CHUNK, max_running=MAX_RUNNING,
+                         num_steps=spec.pop("speculative_num_steps"), **spec)
+    model, draft = _gpt_oss(backend)
+    return Engine(model=model, draft_model=draft, speculative_algorithm="EAGLE3", page_size=PAGE_SIZE,
+                  max_total_tokens=1024, chunked_prefill_size=CHUNK, max_running_requests=MAX_RUNNING,
+                  buckets=small_buckets(max_tokens=CHUNK, max_seqs=MAX_RUNNING, max_pages=64),
+                  **DRAFTING[drafting])
+
+
+def _outputs(kind: str, drafting: str, backend: str) -> list[dict]:
+    engine = _engine(kind, drafting, backend)
     assert engine.model.layers[0].attn.cfg.backend == backend
     shared = prompts(5, [40])[0]
     first, *rest = [shared + p for p in prompts(6, [7, 50])] + prompts(7, [33])
     outs = []
     for batch in ([first], rest):  # the second batch's first prompt hits the first one's cached prefix
-        outs += [o["output_ids"] for o in engine.generate(input_ids=batch, sampling_params=GREEDY)]
+        outs += engine.generate(input_ids=batch, sampling_params=GREEDY)
     return outs
 
 
-@pytest.fixture(scope="module")
-def native_outputs() -> list[list[int]]:
-    return _outputs("native")
+_native_outputs = functools.cache(lambda kind, drafting: _outputs(kind, drafting, "native"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["pallas_gpu", "pallas_tpu"])
-def test_engine_greedy_tokens_equal_native_with_eagle_trees(backend, native_outputs):
-    got = _outputs(backend)
-    assert got == native_outputs
-    assert all(len(o) == GREEDY["max_new_tokens"] for o in got)
+@pytest.mark.parametrize(("kind", "drafting"), [("gpt_oss", "tree"), ("gpt_oss", "chain"), ("llama", "tree"),
+                                                ("llama", "chain")])
+def test_engine_greedy_tokens_equal_native_with_eagle3(kind, drafting, backend):
+    want = [o["output_ids"] for o in _native_outputs(kind, drafting)]
+    got = _outputs(kind, drafting, backend)
+    assert [o["output_ids"] for o in got] == want
+    assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in got)
+    assert got[1]["meta_info"]["cached_tokens"] >= PAGE_SIZE  # radix hit on the shared prefix
+    assert sum(sum(o["meta_info"]["spec_accept_lengths"]) for o in got) > 0  # some drafts accepted

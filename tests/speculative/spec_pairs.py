@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.api import Engine
+from jaxserve.layers.backends import DEFAULT_BACKEND
 from jaxserve.loader.load import load_model
 from jaxserve.speculative.eagle3_draft import Eagle3Config, Eagle3Draft, random_draft
 from tests.engine.conftest import GPT_OSS, small_buckets
@@ -36,8 +37,8 @@ def draft_config(vocab: int = 256, draft_vocab: int | None = None) -> Eagle3Conf
         eagle_config={"eagle_aux_hidden_state_layer_ids": list(AUX)}))
 
 
-def copy_draft(target) -> Eagle3Draft:
-    draft = random_draft(draft_config(), seed=0)
+def copy_draft(target, backend: str = DEFAULT_BACKEND) -> Eagle3Draft:
+    draft = random_draft(draft_config(), seed=0, backend=backend)
     emb = target.embed.embed.embedding[...]
     draft.fc.kernel[...] = jnp.concatenate([jnp.eye(HIDDEN), jnp.zeros((2 * HIDDEN, HIDDEN))], 0)
     draft.lm_head.kernel[...] = emb.T
@@ -48,9 +49,9 @@ def copy_draft(target) -> Eagle3Draft:
 
 
 @functools.cache
-def target(kind: str):
+def checkpoint(kind: str) -> Path:
     """'llama': 3-layer Llama, tied embeddings, init 0.1. 'gpt_oss': the engine tests' hybrid SWA gpt-oss
-    (window 8), 4 layers, tied embeddings."""
+    (window 8), 4 layers, tied embeddings. Written once per session to a temporary directory."""
     path = Path(tempfile.mkdtemp(prefix=f"spec_{kind}_"))
     if kind == "llama":
         make_hf_checkpoint(path, "llama", seed=0, num_hidden_layers=3, tie_word_embeddings=True,
@@ -58,14 +59,20 @@ def target(kind: str):
     else:
         make_hf_checkpoint(path, "gpt_oss", seed=1, **{**GPT_OSS, "num_hidden_layers": 4},
                            tie_word_embeddings=True, initializer_range=0.1)
-    return load_model(path, progress=False, aux_hidden_state_layer_ids=AUX)
+    return path
 
 
 @functools.cache
-def draft(kind: str, which: str) -> Eagle3Draft:
+def target(kind: str, backend: str = DEFAULT_BACKEND):
+    """`checkpoint(kind)` loaded with its attention on `backend`; one model per (kind, backend)."""
+    return load_model(checkpoint(kind), progress=False, aux_hidden_state_layer_ids=AUX, backend=backend)
+
+
+@functools.cache
+def draft(kind: str, which: str, backend: str = DEFAULT_BACKEND) -> Eagle3Draft:
     if which == "copy":
-        return copy_draft(target(kind))
-    return random_draft(draft_config(draft_vocab=128), seed=3, vocab_map=_vocab_map())
+        return copy_draft(target(kind, backend), backend)
+    return random_draft(draft_config(draft_vocab=128), seed=3, vocab_map=_vocab_map(), backend=backend)
 
 
 def _vocab_map():
@@ -75,12 +82,15 @@ def _vocab_map():
 
 
 def engine(kind: str, *, which: str | None = "copy", page_size: int = 1, max_total_tokens: int = 1024,
-           num_steps: int = 3, max_running: int = 8, chunk: int = 64, **kwargs) -> Engine:
-    """An engine over `target(kind)`; speculative with `draft(kind, which)` unless `which` is None."""
+           num_steps: int = 3, max_running: int = 8, chunk: int = 64, backend: str = DEFAULT_BACKEND,
+           **kwargs) -> Engine:
+    """An engine over `target(kind, backend)`; speculative with `draft(kind, which, backend)` unless `which`
+    is None."""
     max_pages = min(-(-600 // page_size), max_total_tokens // page_size)
-    spec = {} if which is None else dict(draft_model=draft(kind, which), speculative_algorithm="EAGLE3",
-                                          speculative_num_steps=num_steps, speculative_policy="always")
-    return Engine(model=target(kind), page_size=page_size, max_total_tokens=max_total_tokens,
+    spec = {} if which is None else dict(draft_model=draft(kind, which, backend),
+                                          speculative_algorithm="EAGLE3", speculative_num_steps=num_steps,
+                                          speculative_policy="always")
+    return Engine(model=target(kind, backend), page_size=page_size, max_total_tokens=max_total_tokens,
                   chunked_prefill_size=chunk, max_running_requests=max_running,
                   buckets=small_buckets(max_tokens=chunk, max_seqs=max_running, max_pages=max_pages),
                   **{**spec, **kwargs})
