@@ -35,11 +35,12 @@ class Layout:
     compute: object = jnp.float32
 
 
-def tree_rows(rng: np.random.RandomState, prefix: int, new: int) -> tuple[np.ndarray, np.ndarray]:
+def tree_rows(rng: np.random.RandomState, prefix: int, new: int,
+              max_keys: int = MAX_KEYS) -> tuple[np.ndarray, np.ndarray]:
     """A random tree of `new` candidates at key indices prefix.. (parent index < own index): the custom
-    mask rows `[new, MAX_KEYS]` (prefix + ancestors + self) and rope positions (prefix + depth)."""
+    mask rows `[new, max_keys]` (prefix + ancestors + self) and rope positions (prefix + depth)."""
     parents = [-1] + [int(rng.randint(0, c)) for c in range(1, new)]
-    rows = np.zeros((new, MAX_KEYS), bool)
+    rows = np.zeros((new, max_keys), bool)
     depth = np.zeros(new, np.int32)
     for c in range(new):
         rows[c, :prefix] = True
@@ -55,15 +56,16 @@ Case = tuple[KVPool, AttentionMetadata, jax.Array, jax.Array, jax.Array]
 
 
 def ragged_case(layout: Layout, page_size: int, seqs: list[tuple[int, int]], trees: bool,
-                rng: np.random.RandomState) -> Case:
-    """Pool, metadata and q/k/v for one ragged step of `seqs` [(cached prefix, new tokens)]."""
-    num_pages = SEQS * MAX_KEYS // page_size
+                rng: np.random.RandomState, max_keys: int = MAX_KEYS) -> Case:
+    """Pool, metadata and q/k/v for one ragged step of `seqs` [(cached prefix, new tokens)]; each page-table
+    row addresses `max_keys` key indices."""
+    num_pages = SEQS * max_keys // page_size
     pages = rng.permutation(num_pages) + 1
     pool = make_kv_pool(1, num_pages, page_size, layout.kv_heads, layout.head_dim, layout.pool_dtype,
                         fp8_scale=0.05)
     steps, mask_rows, offset = [], [], 0
     for i, (prefix, new) in enumerate(seqs):
-        own = pages[offset: offset + MAX_KEYS // page_size]  # whole table row: trailing pages are unused
+        own = pages[offset: offset + max_keys // page_size]  # whole table row: trailing pages are unused
         offset += len(own)
         if prefix:
             idx = np.arange(prefix)
@@ -72,13 +74,13 @@ def ragged_case(layout: Layout, page_size: int, seqs: list[tuple[int, int]], tre
             pool = write_kv(pool, 0, jnp.asarray(own[idx // page_size] * page_size + idx % page_size), *kv)
         positions = None
         if trees and i % 2 == 0:
-            rows, positions = tree_rows(rng, prefix, new)
+            rows, positions = tree_rows(rng, prefix, new, max_keys)
         else:
-            rows = np.arange(MAX_KEYS)[None, :] <= np.arange(prefix, prefix + new)[:, None]
+            rows = np.arange(max_keys)[None, :] <= np.arange(prefix, prefix + new)[:, None]
         mask_rows.append(rows)
         steps.append(SequenceStep(new, prefix + new, own, positions=positions))
     meta = build_attention_metadata(steps, page_size=page_size, token_buckets=(TOKENS,), seq_buckets=(SEQS,),
-                                    page_buckets=(MAX_KEYS // page_size,),
+                                    page_buckets=(max_keys // page_size,),
                                     custom_mask=np.concatenate(mask_rows) if trees else None)
     q, k, v = (jnp.asarray(rng.randn(TOKENS, h, layout.head_dim), layout.compute)
                for h in (layout.q_heads, layout.kv_heads, layout.kv_heads))
@@ -92,10 +94,11 @@ def fit(seqs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return seqs
 
 
-# (prefix, new): prefixes reach the table's end (MAX_KEYS) and page edges (0, 16, 32, 48) often
-SEQ = st.integers(0, MAX_KEYS - 1).flatmap(
-    lambda prefix: st.tuples(st.sampled_from([prefix, prefix - prefix % 16]),
-                             st.integers(1, min(12, MAX_KEYS - prefix))))
+def seq_strategy(max_keys: int) -> st.SearchStrategy[tuple[int, int]]:
+    """(prefix, new): prefixes reach the table's end (`max_keys`) and multiples of 16 (page edges) often."""
+    return st.integers(0, max_keys - 1).flatmap(
+        lambda prefix: st.tuples(st.sampled_from([prefix, prefix - prefix % 16]),
+                                 st.integers(1, min(12, max_keys - prefix))))
 
 
 def _run_native(q, k, v, pool, meta, sinks, window, softcap, scale):

@@ -5,9 +5,9 @@ semaphores, so a copy that is never waited on, or a read past the pool, fails th
 bitcast a ref, so it runs the kernel with K/V read by plain indexing; the HLO interpreter
 (`interpret=True`) runs the device's packed strided loads (32-bit words of bf16/fp8 rows). Each variant
 names the one it uses; low-precision pools run on both. GPU: `interpret=True`. Hypothesis
-draws ragged steps (`pallas_cases`); variants fix the static options (page size 1 or 16, window, sinks,
+draws ragged steps (`pallas_cases`); variants fix the static options (page size 1, 16 or 64, window, sinks,
 soft-cap, scale, tree masks, key/query block sizes, split-K). Every output row is compared, padding rows
-included. Page size 64 is covered by the lowering checks (a 64-key table holds a single page of 64).
+included. Page-table rows address 64 keys, 128 at page size 64 (two pages: sequences cross a page edge).
 
 Interpret mode misses the real compilers' rules, so each kernel is also lowered for its platform on CPU
 (Mosaic TPU under an abstract TPU mesh; Triton for CUDA): block shapes, alignment and unsupported
@@ -33,7 +33,16 @@ from jaxserve.layers.attention_metadata import SequenceStep, build_attention_met
 from jaxserve.layers.backends import available_backends, get_backend
 from jaxserve.memory.kv_pool import make_kv_pool, write_kv
 from jaxserve.server.attention_choice import best_backend, resolve_attention_backend
-from tests.layers.pallas_cases import SEQ, SEQS, Layout, assert_pool_not_copied, fit, ragged_case, run_native
+from tests.layers.pallas_cases import (
+    MAX_KEYS,
+    SEQS,
+    Layout,
+    assert_pool_not_copied,
+    fit,
+    ragged_case,
+    run_native,
+    seq_strategy,
+)
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
@@ -57,12 +66,14 @@ VARIANTS = {
         (16, True, 20, True, None, 0.7, (("block_keys", 16), ("block_tokens", 8), TPU_INTERPRETER)),
         (16, True, 20, True, None, 0.7, (("block_keys", 16), ("block_tokens", 8))),
         (16, False, None, False, 1.5, None, (("block_keys", 32), ("block_tokens", 8))),
+        (64, True, 40, True, None, None, (("block_keys", 64), ("block_tokens", 8), TPU_INTERPRETER)),
     ],
     "pallas_gpu": [
         (1, False, 5, True, 2.0, None, (("block_keys", 16), ("block_tokens", 8), ("kv_splits", 1))),
         (1, True, None, True, None, None, (("block_keys", 16), ("block_tokens", 8), ("kv_splits", 3))),
         (16, True, 20, False, None, 0.7, (("block_keys", 16), ("block_tokens", 16), ("kv_splits", 2))),
         (16, False, None, True, 1.5, None, ()),  # defaults: block sizes and splits picked by shape
+        (64, True, 40, True, 2.0, None, (("block_keys", 32), ("block_tokens", 8), ("kv_splits", 2))),
     ],
 }
 
@@ -75,11 +86,13 @@ def _fresh_tpu_interpreter():
 
 @pytest.mark.parametrize(("name", "variant"), [(name, v) for name in KERNELS for v in VARIANTS[name]])
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seqs=st.lists(SEQ, min_size=1, max_size=SEQS), seed=st.integers(0, 2**16))
-def test_kernel_equals_native_on_ragged_steps(name, variant, seqs, seed):
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_kernel_equals_native_on_ragged_steps(name, variant, data, seed):
     page_size, trees, window, use_sinks, softcap, scale, options = variant
+    max_keys = max(MAX_KEYS, 2 * page_size)
+    seqs = data.draw(st.lists(seq_strategy(max_keys), min_size=1, max_size=SEQS), label="seqs")
     rng = np.random.RandomState(seed)
-    pool, meta, q, k, v = ragged_case(Layout(), page_size, fit(seqs), trees, rng)
+    pool, meta, q, k, v = ragged_case(Layout(), page_size, fit(seqs), trees, rng, max_keys)
     sinks = jnp.asarray(rng.randn(q.shape[1]), jnp.float32) if use_sinks else None
     want, want_pool = run_native(q, k, v, pool, meta, sinks, window, softcap, scale)
     got, got_pool = _run(name, q, k, v, pool, meta, sinks, window, softcap, scale, options)
