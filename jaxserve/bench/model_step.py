@@ -1,8 +1,8 @@
-"""Attention benchmark: one model step of the embedded checkpoint, per attention backend (and HF).
+"""Model-step benchmark: one model step of the embedded checkpoint, per attention backend (and HF).
 
-    python -m jaxserve.bench.attention                 # native and xla
-    python -m jaxserve.bench.attention --compare-hf    # + Hugging Face transformers, same process, same run
-    python -m jaxserve.bench.attention --rows prefill-128 decode-8x2048 --repeats 9
+    python -m jaxserve.bench.model_step                 # native and xla
+    python -m jaxserve.bench.model_step --compare-hf    # + Hugging Face transformers, same process, same run
+    python -m jaxserve.bench.model_step --rows prefill-128 decode-8x2048 --repeats 9
 
 Rows: one prefill step of 128 / 512 / 2,048 / 8,192 tokens (one sequence, nothing cached), and one decode
 step of 8 sequences whose contexts (the new token included) are 128 or 2,048 tokens. Prompts are seeded
