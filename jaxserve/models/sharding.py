@@ -96,8 +96,13 @@ def tp_layout(layout: KVLayout, tp: int) -> KVLayout:
 
 
 def pool_sharding(mesh: Mesh) -> NamedSharding:
-    """Pool data `[L, slots, 2 * Hkv', D]` split on the (interleaved K/V) head axis."""
-    return NamedSharding(mesh, P(None, None, TP, None))
+    """Pool data `[L, slots, 2 * Hkv', D]` split on the (interleaved K/V) head axis.
+
+    Spelled without the trailing `None`, exactly as a jitted step reports the pools it returns: the
+    executable of a step is chosen by its arguments' shardings compared as written
+    (`engine.runner.Programs`), so a pool made with `P(None, None, TP, None)` compiled each step twice
+    (once for the fresh pool, once for the equal-in-effect pool the first step returned)."""
+    return NamedSharding(mesh, P(None, None, TP))
 
 
 def make_sharded_pools(layout: KVLayout, mesh: Mesh, num_pages: int, page_size: int, dtype, *,

@@ -69,7 +69,7 @@ def greedy(model, layout, mesh) -> list[list[int]]:
 
 def engine_outputs(path: str, tp: int) -> list[list[int]]:
     """Greedy outputs of `Engine(model_path=path, tp_size=tp)` (radix cache on, chunked prefill), twice over
-    the same prompts: the second pass hits the cached prefixes."""
+    the same prompts: the second pass hits the cached prefixes. Its one step bucket compiles once."""
     from jaxserve.api import Engine
     from jaxserve.engine.step_input import Buckets
 
@@ -81,6 +81,8 @@ def engine_outputs(path: str, tp: int) -> list[list[int]]:
     outs = [[o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=params)]
             for _ in range(2)]
     assert outs[0] == outs[1] and engine.kv.pools is not None
+    # one bucket, one executable: the pools a step returns select the program the fresh pools did
+    assert engine.runner.num_compiles == 1, engine.runner.num_compiles
     return outs[0]
 
 
