@@ -6,8 +6,9 @@ A `GrammarBackend` wraps one tokenizer. `compile(kind, source)` builds a fresh m
 (cached by grammar text, so that the server can compile on a worker thread before the request reaches the
 engine thread, which then only copies it); `matcher(kind, source)` hands a request its own copy. A
 `GrammarMatcher` is the request's grammar state: `fill(mask_row)` writes the tokens allowed next, `advance`
-consumes an output token. Masks are `u32[rows, ceil(V / 32)]`, bit j of word w = token 32 w + j, V the
-model's vocabulary (ids the tokenizer lacks are never allowed).
+consumes an output token, `rollback` undoes the last consumed tokens (speculative decoding walks drafts).
+Masks are `u32[rows, ceil(V / 32)]`, bit j of word w = token 32 w + j, V the model's vocabulary (ids the
+tokenizer lacks are never allowed).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ class GrammarMatcher:
         """Consume an output token (one the mask allowed). A token it forbids - impossible when the mask was
         applied - leaves the matcher in its error state, reported by `error`."""
         self._matcher.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` consumed tokens (the state is then as before them)."""
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the grammar has ended (it then allows nothing more but the end of the output)."""
+        return self._matcher.is_stopped()
 
     @property
     def error(self) -> str | None:

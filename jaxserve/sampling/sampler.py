@@ -43,6 +43,28 @@ def row_keys(batch: SamplingBatch) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, jnp.asarray(batch.num_generated, jnp.uint32))
 
 
+def draw_tokens(penalised: jax.Array, batch: SamplingBatch, *,
+                filter_method: FilterMethod = "bisect") -> jax.Array:
+    """i32[S]: each row's token from its final logits f32[S, V] (logit_bias, penalties and grammar mask
+    applied): the argmax for greedy rows, else the Gumbel-max draw with the row's key (`row_keys`) after
+    temperature and filters. A function of the logits, the row's parameters and its key only, so any
+    program that calls it on the same logits draws the same token."""
+    greedy = batch.temperatures == 0.0
+    argmax = jnp.argmax(penalised, axis=-1).astype(jnp.int32)
+
+    def draw() -> jax.Array:
+        temperatures = jnp.where(greedy, 1.0, batch.temperatures)
+        scaled = penalised / temperatures[:, None]
+        filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p, filter_method)
+        vocab_size = penalised.shape[-1]
+        gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(row_keys(batch))
+        drawn = jnp.argmax(filtered + gumbel, axis=-1)
+        return jnp.where(greedy, argmax, drawn).astype(jnp.int32)
+
+    # an all-greedy batch skips the random draws (one [S, V] Gumbel sample per step otherwise)
+    return jax.lax.cond(jnp.any(~greedy), draw, lambda: argmax)
+
+
 def sample(
     logits: jax.Array,
     batch: SamplingBatch,
@@ -62,20 +84,7 @@ def sample(
     penalised = biased if penalties is None else apply_penalties(biased, batch, penalties)
     penalised = apply_token_bitmask(penalised, batch.token_bitmask)
 
-    greedy = batch.temperatures == 0.0
-    argmax = jnp.argmax(penalised, axis=-1).astype(jnp.int32)
-
-    def draw() -> jax.Array:
-        temperatures = jnp.where(greedy, 1.0, batch.temperatures)
-        scaled = penalised / temperatures[:, None]
-        filtered = apply_filters(scaled, batch.top_k, batch.top_p, batch.min_p, filter_method)
-        vocab_size = raw.shape[-1]
-        gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (vocab_size,), jnp.float32))(row_keys(batch))
-        drawn = jnp.argmax(filtered + gumbel, axis=-1)
-        return jnp.where(greedy, argmax, drawn).astype(jnp.int32)
-
-    # an all-greedy batch skips the random draws (one [S, V] Gumbel sample per step otherwise)
-    token_ids = jax.lax.cond(jnp.any(~greedy), draw, lambda: argmax)
+    token_ids = draw_tokens(penalised, batch, filter_method=filter_method)
 
     logp = jax.nn.log_softmax(raw, axis=-1)
     top_ids, top_lps = top_logprobs(logp, batch.num_top_logprobs)

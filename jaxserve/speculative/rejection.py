@@ -36,7 +36,7 @@ from jaxserve.sampling.constraints import apply_logit_bias, apply_token_bitmask
 from jaxserve.sampling.filters import apply_filters
 from jaxserve.sampling.logprobs import top_logprobs
 from jaxserve.sampling.penalties import PenaltyPool, penalise, update_counts
-from jaxserve.sampling.sampler import row_keys
+from jaxserve.sampling.sampler import draw_tokens, row_keys
 
 
 @jax.tree_util.register_dataclass
@@ -110,7 +110,7 @@ def target_probs(penalised: jax.Array, batch: SamplingBatch) -> jax.Array:
 
 def verify_tree(logits: jax.Array, tokens: jax.Array, children: jax.Array, batch: SamplingBatch, *,
                 max_depth: int, pool: PenaltyPool | None = None,
-                parents: jax.Array | None = None) -> Verdict:
+                parents: jax.Array | None = None, exact: jax.Array | None = None) -> Verdict:
     """Walk R draft trees of N nodes each.
 
     logits `[R*N, V]` (row-major: request r's node v at r*N + v), tokens `i32[R, N]` (node 0's is unused),
@@ -119,6 +119,12 @@ def verify_tree(logits: jax.Array, tokens: jax.Array, children: jax.Array, batch
     the deepest node's depth. With `pool`, penalties apply and need `parents i32[R, N]` (-1 root, < -1
     padding) to count the drafted tokens on each node's path. A batch without sampled rows takes a walk
     with no random draws (`lax.cond`; same verdict as the general walk gives greedy rows).
+
+    `exact bool[R]` (optional): those requests are walked by matching instead of rejection sampling: at
+    each node the token is the plain sampler's own draw (`sampler.draw_tokens`: the same masked logits,
+    key and Gumbel-max draw), and a child is accepted iff it carries that token. Such a request emits
+    exactly the tokens the plain engine samples with its seed; its acceptance is lower than rejection
+    sampling's for sampled rows (a draft must equal the one drawn token), the same for greedy rows.
     """
     raw = logits.astype(jnp.float32)
     penalised = apply_logit_bias(raw, batch)
@@ -128,9 +134,18 @@ def verify_tree(logits: jax.Array, tokens: jax.Array, children: jax.Array, batch
     penalised = apply_token_bitmask(penalised, batch.token_bitmask)
     logp = jax.nn.log_softmax(raw, axis=-1)
     walk = functools.partial(_walk, tokens=tokens, children=children, max_depth=max_depth, logp=logp)
-    verdict = jax.lax.cond(jnp.any(batch.temperatures > 0.0),
+    sampled = batch.temperatures > 0.0
+    argmax = jnp.argmax(penalised, axis=-1).astype(jnp.int32)
+    if exact is not None:
+        exact_nodes = jnp.repeat(exact, tokens.shape[1])
+        sampled = sampled & ~exact_nodes
+        matched = walk(None, draw_tokens(penalised, batch))
+    verdict = jax.lax.cond(jnp.any(sampled),
                            lambda: walk(target_probs(penalised, batch), row_keys(batch)),
-                           lambda: walk(None, jnp.argmax(penalised, axis=-1).astype(jnp.int32)))
+                           lambda: walk(None, argmax))
+    if exact is not None:
+        verdict = jax.tree.map(lambda m, v: jnp.where(exact.reshape(-1, *[1] * (m.ndim - 1)), m, v),
+                               matched, verdict)
     top_ids, top_lps = top_logprobs(logp, batch.num_top_logprobs)
     node = jnp.arange(tokens.shape[0])[:, None] * tokens.shape[1] + verdict.path
     return dataclasses.replace(verdict, top_ids=top_ids[node], top_logprobs=top_lps[node])

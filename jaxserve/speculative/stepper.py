@@ -46,13 +46,23 @@ round t accepted; its last token and output count come from round t's verdict to
 `shifts`). A request that finished in round t ran round t+1 for nothing: its results there are dropped, its
 slots are already back (device order keeps the late writes ahead of any reuse). A prefill, or nothing left
 to decode, or a switch between rounds and plain steps, first applies the step in flight (`drain`). Tree
-rounds, `record_draft_top1` and steps with a grammar-constrained request run synchronously; such a request
-verifies no draft in a round (its grammar's mask is known at the root only), so its output is exactly
-constrained decoding's. Sampled outputs are the same under both schedules (same steps, same keys).
+rounds, `record_draft_top1` and steps with a grammar-constrained request run synchronously. Sampled outputs
+are the same under both schedules (same steps, same keys).
+
+Constrained round (any request with a grammar; chains): two calls with the host between them. `draft_chain`
+drafts the chains and the host reads them; `grammar_draft.walk_drafts` advances each grammar along its
+chain, giving every verify node the mask of the grammar state there, substituting tokens the grammar
+forces and cutting the chain at the first draft it refuses, and rolls the matcher back; `verify_chain`
+verifies with those masks (the fused round's second half). Constrained requests are walked by matching the
+plain sampler's own draw at each node (same masked logits, same key), so their output equals the plain
+engine's constrained decoding token for token, greedy or seeded; the others verify as in a fused round. The
+matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) decodes a
+batch with a grammar by plain steps (masked as the plain engine masks).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
-bucket (the verify's token count is padded to seqs * (S + 1)). Sampling parameters are data, not shapes.
+bucket (the verify's token count is padded to seqs * (S + 1)), and likewise `draft_chain` / `verify_chain`
+once a grammar runs. Sampling parameters and grammar masks are data, not shapes.
 """
 
 from __future__ import annotations
@@ -87,9 +97,9 @@ from jaxserve.engine.step_input import (
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
-from jaxserve.sampling.grammar import fill_bitmask
 from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
+from jaxserve.speculative.grammar_draft import walk_drafts
 from jaxserve.speculative.policy import StepCosts, choose_draft_steps
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.schedule import SpecScheduler
@@ -129,24 +139,9 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: 
         next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
         return pools, dpool, penalties, states, next_tokens, out, top1
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
-    def chain_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
-                    undrafted, last, draft_metas, meta, sampling):
-        """Draft S-1 steps, verify the chain, walk it, count the emitted tokens, draft-extend over the
-        verified span and store the next draft state: one call, no host sync. Sequences flagged `shifted`
-        continue the previous round on device (`shift.shift_meta`): start, last token and output count come
-        from that round's verdict, kept per state row in `shifts` (accepted drafts, last emitted token).
-        Sequences flagged `undrafted` (a grammar constrains them, and only the root's mask is known) verify
-        no draft: the walk emits the root's token, drawn from the masked target there."""
-        nodes = num_steps + 1
-        prev_acc = shifts[0][state_rows]
-        delta = jnp.where(shifted, prev_acc + 1 - nodes, 0)
-        last = jnp.where(shifted, shifts[1][state_rows], last)
-        meta = shift_meta(meta, delta)
-        if draft_metas is not None:
-            draft_metas = jax.vmap(shift_meta, in_axes=(0, None))(draft_metas, delta)
-        generated = jnp.repeat(jnp.where(shifted, prev_acc + 1, 0), nodes)
-        sampling = dataclasses.replace(sampling, num_generated=sampling.num_generated + generated)
+    def draft_chain(dparams, dpool, states, emb, state_rows, draft_metas):
+        """The chains' drafts `i32[R, S]`: d1 from each request's stored draft state, then S-1 draft steps
+        (their scratch draft KV written at positions n .. n+S-2, overwritten by the round's draft extend)."""
         top_ids, _, hidden = (x[state_rows] for x in states)
         first = top_ids[:, 0]
         draft = draft_of(dparams)
@@ -157,28 +152,64 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: 
             hidden = out[dmeta.sample_idx]
             ids = greedy_ids(draft, logits)
             drafts.append(ids)
-        rows = first.shape[0]
-        tokens = jnp.concatenate([last[:, None], jnp.stack(drafts, axis=1)], axis=1)
+        return dpool, jnp.stack(drafts, axis=1)
+
+    def verify_chain(tparams, dparams, pools, dpool, penalties, states, shifts, emb, dest, last, drafts,
+                     depth, exact, meta, sampling):
+        """Verify the chains `[last, drafts]`, walk them, count the emitted tokens, draft-extend over the
+        verified span and store the next draft state. `depth i32[R]` (None: all S): drafts each chain keeps
+        (later nodes are not tried); `exact bool[R]` (None: none): rows walked by matching the plain
+        sampler's draws (`rejection.verify_tree`)."""
+        nodes = num_steps + 1
+        rows = drafts.shape[0]
+        tokens = jnp.concatenate([last[:, None], drafts], axis=1)
         logits, pools, aux = target_of(tparams)(tokens.reshape(-1), meta, pools, return_all_logits=True)
         children = jnp.broadcast_to(jnp.asarray(chain_children(nodes)), (rows, nodes, 1))
-        children = jnp.where(undrafted[:, None, None], -1, children)
+        if depth is not None:
+            children = jnp.where(jnp.arange(nodes)[None, :, None] < depth[:, None, None], children, -1)
         parents = jnp.broadcast_to(jnp.asarray(chain_parents(nodes)), (rows, nodes))
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
-                              parents=parents)
+                              parents=parents, exact=exact)
         penalties = count_emitted(penalties, verdict, sampling.penalty_rows.reshape(rows, nodes)[:, 0])
         # draft extend over positions n .. n+S with the emitted tokens as next tokens (chain: node j is at
         # position n + j, its captured state is aux's row): exact up to n + a, which is all the tree caches
         # and all the next round reads; the KV past it is overwritten before anything attends to it
         last_idx = jnp.arange(rows) * nodes + verdict.num_accepted
-        dpool, states, top1 = extend(draft, verdict.emitted.reshape(-1), aux, meta, dpool, emb, states, dest,
-                                     last_idx)
+        dpool, states, top1 = extend(draft_of(dparams), verdict.emitted.reshape(-1), aux, meta, dpool, emb,
+                                     states, dest, last_idx)
         last_tok = jnp.take_along_axis(verdict.emitted, verdict.num_accepted[:, None], axis=1)[:, 0]
         shifts = store(shifts, dest, (verdict.num_accepted, last_tok))
         return pools, dpool, penalties, states, shifts, verdict, top1
 
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
+    def chain_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
+                    last, draft_metas, meta, sampling):
+        """`draft_chain` then `verify_chain` over full chains: one call, no host sync. Sequences flagged
+        `shifted` continue the previous round on device (`shift.shift_meta`): start, last token and output
+        count come from that round's verdict, kept per state row in `shifts` (accepted drafts, last emitted
+        token)."""
+        nodes = num_steps + 1
+        prev_acc = shifts[0][state_rows]
+        delta = jnp.where(shifted, prev_acc + 1 - nodes, 0)
+        last = jnp.where(shifted, shifts[1][state_rows], last)
+        meta = shift_meta(meta, delta)
+        if draft_metas is not None:
+            draft_metas = jax.vmap(shift_meta, in_axes=(0, None))(draft_metas, delta)
+        generated = jnp.repeat(jnp.where(shifted, prev_acc + 1, 0), nodes)
+        sampling = dataclasses.replace(sampling, num_generated=sampling.num_generated + generated)
+        dpool, drafts = draft_chain(dparams, dpool, states, emb, state_rows, draft_metas)
+        return verify_chain(tparams, dparams, pools, dpool, penalties, states, shifts, emb, dest, last,
+                            drafts, None, None, meta, sampling)
+
+    # a constrained round's two halves (the host walks the grammars between them: `grammar_draft`)
+    draft_program = jax.jit(draft_chain, donate_argnames=("dpool",))
+    verify_program = jax.jit(verify_chain,
+                             donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
     # fixed arguments: target params, draft params, embedding table (see `Programs`)
     return (Programs(prefill, "prefill", fixed=(0, 1, 6)),
-            Programs(chain_round, "chain_round", fixed=(0, 1, 7)))
+            Programs(chain_round, "chain_round", fixed=(0, 1, 7)),
+            Programs(draft_program, "draft_chain", fixed=(0, 3)),
+            Programs(verify_program, "verify_chain", fixed=(0, 1, 7)))
 
 
 def _repad_prefill(args: tuple, bucket: Bucket) -> tuple:
@@ -196,13 +227,33 @@ def _repad_chain(args: tuple, bucket: Bucket) -> tuple:
     """The chain round's arguments padded to the bucket (seqs, pages): padding requests read state row 0,
     store nothing (out-of-range row), are not shifted and verify greedy padding rows."""
     s, p = bucket
-    states, (state_rows, dest, shifted, undrafted, last, draft_metas, meta, sampling) = args[5], args[8:]
+    states, (state_rows, dest, shifted, last, draft_metas, meta, sampling) = args[5], args[8:]
     nodes = meta.num_tokens // state_rows.shape[0]
     if draft_metas is not None:
         draft_metas = pad_meta(draft_metas, s, s, p)
     return (*args[:8], pad_to(state_rows, (s,)), pad_to(dest, (s,), states[0].shape[0]),
-            pad_to(shifted, (s,), False), pad_to(undrafted, (s,), False), pad_to(last, (s,)), draft_metas,
+            pad_to(shifted, (s,), False), pad_to(last, (s,)), draft_metas,
             pad_meta(meta, s * nodes, s, p), pad_sampling(sampling, s * nodes))
+
+
+def _repad_draft(args: tuple, bucket: Bucket) -> tuple:
+    """`draft_chain`'s arguments padded to the bucket (seqs, pages): padding requests read state row 0."""
+    s, p = bucket
+    state_rows, draft_metas = args[4:]
+    if draft_metas is not None:
+        draft_metas = pad_meta(draft_metas, s, s, p)
+    return (*args[:4], pad_to(state_rows, (s,)), draft_metas)
+
+
+def _repad_verify(args: tuple, bucket: Bucket) -> tuple:
+    """`verify_chain`'s arguments padded to the bucket (seqs, pages): padding requests store nothing
+    (out-of-range row), verify greedy padding rows with no mask and are not matched exactly."""
+    s, p = bucket
+    states, (dest, last, drafts, depth, exact, meta, sampling) = args[5], args[8:]
+    nodes = drafts.shape[1] + 1
+    return (*args[:8], pad_to(dest, (s,), states[0].shape[0]), pad_to(last, (s,)), pad_to(drafts, (s, None)),
+            pad_to(depth, (s,)), pad_to(exact, (s,), False), pad_meta(meta, s * nodes, s, p),
+            pad_sampling(sampling, s * nodes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,6 +476,8 @@ class EagleStepper:
         choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
                                     disable_batch_size=self.disable_batch_size, accept_rate=self.accept_rate,
                                     costs=costs.view())
+        if self.tree is not None and any(r.grammar is not None for r in reqs):
+            choice = 0  # tree rounds carry no grammar masks: a constrained batch decodes by plain steps
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
         t0 = time.perf_counter()
@@ -588,18 +641,40 @@ class EagleStepper:
         shifted = np.zeros(num_rows, bool)
         if prev is not None:
             shifted[: len(reqs)] = [r in prev.members for r in reqs]
-        # a grammar's mask is known for the root only (the drafts are drawn on device): those requests verify
-        # no draft, their root masked; the round then equals a constrained decode step
-        undrafted = np.zeros(num_rows, bool)
-        undrafted[: len(reqs)] = [r.grammar is not None for r in reqs]
-        bitmask = fill_bitmask([r.grammar if j == 0 else None for r in reqs for j in range(nv)])
         runner = self.runner
+        if any(r.grammar is not None for r in reqs):
+            verdict, top1 = self._constrained(reqs, state_rows, dest, last, draft_metas, meta,
+                                              build_sampling_batch(rows, meta.num_tokens), (num_rows, width))
+            return _Round(reqs, frozenset(reqs), verdict, meta, top1)
         (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
          top1) = self._fns(self.recording)[1].call((num_rows, width), (
              self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states,
-             self.shifts, self.emb, state_rows, dest, shifted, undrafted, last, draft_metas, meta,
-             build_sampling_batch(rows, meta.num_tokens, bitmask)), _repad_chain)
+             self.shifts, self.emb, state_rows, dest, shifted, last, draft_metas, meta,
+             build_sampling_batch(rows, meta.num_tokens)), _repad_chain)
         return _Round(reqs, frozenset(reqs), verdict, meta, top1)
+
+    def _constrained(self, reqs: list[Request], state_rows, dest, last, draft_metas, meta, sampling,
+                     bucket: Bucket) -> tuple[Verdict, jax.Array]:
+        """A round with grammar-constrained requests, in two calls: draft the chains, read the drafts, walk
+        each grammar along its chain (`grammar_draft.walk_drafts`: per-node masks, forced tokens, the cut
+        at the first draft the grammar refuses), then verify with those masks. Constrained requests are
+        walked by matching the plain sampler's draws, so their tokens are the plain engine's (greedy and
+        seeded); the others as in a fused round."""
+        fns = self._fns(self.recording)
+        self.dpool, drafts = fns[2].call(bucket, (self.dparams, self.dpool, self.states, self.emb, state_rows,
+                                                  draft_metas), _repad_draft)
+        matchers = [r.grammar for r in reqs]
+        tokens, depth, bitmask = walk_drafts(matchers, np.asarray(jax.device_get(drafts)),
+                                             next(m for m in matchers if m is not None).num_words)
+        exact = np.zeros(state_rows.shape[0], bool)
+        exact[: len(reqs)] = [m is not None for m in matchers]
+        sampling = dataclasses.replace(sampling, token_bitmask=bitmask)
+        runner = self.runner
+        (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
+         top1) = fns[3].call(bucket, (
+             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states,
+             self.shifts, self.emb, dest, last, tokens, depth, exact, meta, sampling), _repad_verify)
+        return verdict, top1
 
     def results(self, verdict: Verdict, reqs: list[Request]) -> list[tuple]:
         """The host's view of a verdict (one transfer): per request (accepted drafts, emitted tokens, their
@@ -669,7 +744,9 @@ class EagleStepper:
     def num_compiles(self) -> dict[str, int]:
         variants = [self._fns(r) for r in (False, True)]
         counts = {"step": self.runner.num_compiles, "prefill": sum(f[0].num_compiles for f in variants),
-                  "chain_round": sum(f[1].num_compiles for f in variants)}
+                  "chain_round": sum(f[1].num_compiles for f in variants),
+                  "draft_chain": sum(f[2].num_compiles for f in variants),
+                  "verify_chain": sum(f[3].num_compiles for f in variants)}
         if self.tree is not None:
             counts.update(self.tree.num_compiles)
         return counts
@@ -704,7 +781,7 @@ class EagleStepper:
                 draft_metas = jax.tree.map(lambda x: np.stack([x] * (self.num_steps - 1)), one)
             zeros = np.zeros(s, np.int32)
             plan.append((chain, (s, p), (*state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32),
-                                         np.zeros(s, bool), np.zeros(s, bool), zeros, draft_metas, meta,
+                                         np.zeros(s, bool), zeros, draft_metas, meta,
                                          build_sampling_batch([], s * nv))))
         return largest_first(plan)
 

@@ -1,0 +1,73 @@
+"""The host's grammar walk along a drafted chain: per verify position the bitmask of the grammar state
+there, and how deep the chain stays inside the grammar.
+
+A constrained request's round verifies the chain `[x, d1 .. dS]` (x its last output token, already consumed
+by its matcher). Node j's logits choose the token after d_j, so node j is masked by the grammar state after
+consuming d1 .. dj. The walk fills node 0's mask, then for j = 1 .. S: if the mask allows d_j it consumes
+it and fills node j's mask; if the mask allows exactly one token (the grammar forces it) that token replaces
+d_j - it is the only token the target may emit there, so it is always accepted; otherwise the chain is cut:
+its depth is j - 1 and no later node is verified. A grammar that has ended also cuts the chain (nothing can
+follow its end). The matcher is then rolled back to where it started: the engine advances it over the
+tokens the round actually emits, as a plain step would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxserve.sampling.grammar import GrammarMatcher
+
+_ALL = np.uint32(0xFFFFFFFF)
+
+
+def _allows(mask_row: np.ndarray, token: int) -> bool:
+    return bool((int(mask_row[token >> 5]) >> (token & 31)) & 1)
+
+
+def _forced(mask_row: np.ndarray) -> int | None:
+    """The one token `mask_row` allows, or None when it allows none or several."""
+    nonzero = np.flatnonzero(mask_row)
+    if nonzero.shape[0] != 1:
+        return None
+    word = int(mask_row[nonzero[0]])
+    if word & (word - 1):
+        return None
+    return int(nonzero[0]) * 32 + word.bit_length() - 1
+
+
+def walk_drafts(matchers: Sequence[GrammarMatcher | None], drafts: np.ndarray,
+                num_words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Walk each request's grammar along its drafts (see the module docstring).
+
+    matchers: per request its grammar state (None: unconstrained). drafts `i32[R, S]`: request r's drafts
+    d1 .. dS (R >= len(matchers); rows past them are padding). num_words: the bitmask's width W.
+    Returns (tokens `i32[R, S]`: the drafts, forced tokens substituted; depth `i32[R]`: drafts each chain
+    keeps, S for unconstrained and padding rows; bitmask `u32[R * (S + 1), W]`: node j of request r at row
+    r * (S + 1) + j, all ones where unconstrained or past the cut). Every matcher ends as it started.
+    """
+    rows, steps = drafts.shape
+    nodes = steps + 1
+    tokens = np.array(drafts, np.int32)
+    depth = np.full(rows, steps, np.int32)
+    bitmask = np.full((rows * nodes, num_words), _ALL, np.uint32)
+    for r, matcher in enumerate(matchers):
+        if matcher is None:
+            continue
+        consumed = 0
+        matcher.fill(bitmask, r * nodes)
+        for j in range(steps):
+            row = bitmask[r * nodes + j]
+            token = int(tokens[r, j])
+            if matcher.stopped or not _allows(row, token):
+                forced = None if matcher.stopped else _forced(row)
+                if forced is None:
+                    break
+                tokens[r, j] = token = forced
+            matcher.advance(token)
+            consumed += 1
+            matcher.fill(bitmask, r * nodes + j + 1)
+        depth[r] = consumed
+        matcher.rollback(consumed)
+    return tokens, depth, bitmask
