@@ -20,8 +20,9 @@ device's copy bandwidth measured in the same run (a large `jnp` array copied, re
 `x native`, native's time over the backend's in the same row.
 
 Skips, each printed with its reason and listed again at the end: rows whose pool exceeds `--max-kv-gb`;
-backends whose time on a row, predicted from their seconds per KV byte on their last row, would not fit
-the time left of `--budget-s`; every row once the budget is spent. A backend that fails prints its error.
+backends whose time on a row, predicted from their seconds per KV byte on their last row of the same kind
+(decode or mixed), would not fit the time left of `--budget-s`; every row once the budget is spent. A
+backend that fails prints its error.
 """
 
 from __future__ import annotations
@@ -211,7 +212,9 @@ def bench(names: list[str], layout: Layout, *, sizes: Sizes = FULL, repeats: int
     print(_line(*COLUMNS))
     names = sorted(names, key=lambda n: n != "native")
     started, skipped = time.perf_counter(), []
-    per_byte: dict[str, float] = {}  # each backend's seconds per KV byte on its last timed row
+    # seconds per KV byte of each (row kind, backend) on its last timed row: native's work follows tokens x
+    # context, so a mixed row costs it far more per byte than a decode row, and each kind predicts its own
+    per_byte: dict[tuple[str, str], float] = {}
     results: dict[tuple[str, str], float] = {}
 
     def skip(label: str, name: str, reason: str) -> None:
@@ -219,7 +222,7 @@ def bench(names: list[str], layout: Layout, *, sizes: Sizes = FULL, repeats: int
         print(_line(label, name, f"skipped: {reason}"), flush=True)
 
     for label, seqs in timing_rows(sizes):
-        row_bytes = kv_bytes(layout, seqs)
+        row_bytes, kind = kv_bytes(layout, seqs), label.split()[0]
         left = budget_s - (time.perf_counter() - started)
         if left <= 0:
             skip(label, "all", f"--budget-s {budget_s:g} spent")
@@ -235,7 +238,7 @@ def bench(names: list[str], layout: Layout, *, sizes: Sizes = FULL, repeats: int
         sinks = jnp.zeros(layout.q_heads, jnp.float32)
         for name in names:
             left = budget_s - (time.perf_counter() - started)
-            predicted = per_byte.get(name, 0.0) * row_bytes * (repeats + 1)
+            predicted = per_byte.get((kind, name), 0.0) * row_bytes * (repeats + 1)
             if predicted > left:
                 skip(label, name, f"predicted {predicted:.0f} s > {max(left, 0):.0f} s left of --budget-s")
                 continue
@@ -246,7 +249,7 @@ def bench(names: list[str], layout: Layout, *, sizes: Sizes = FULL, repeats: int
             except Exception as exc:  # e.g. native's gathered keys do not fit: the row says so
                 skip(label, name, f"failed: {type(exc).__name__}")
                 continue
-            results[label, name], per_byte[name] = seconds, seconds / row_bytes
+            results[label, name], per_byte[kind, name] = seconds, seconds / row_bytes
             native = results.get((label, "native"))
             print(_line(label, name, f"{seconds * 1e3:.3f}", f"{row_bytes / seconds / 1e9:.3g}",
                         f"{row_bytes / seconds / bandwidth:.3g}",

@@ -1,10 +1,11 @@
-"""One command for an accelerator machine: the Pallas kernel against `native` and `xla`, then its speed.
+"""One command for an accelerator machine: the Pallas kernel against `native`, its speed, end to end.
 
-    python -m jaxserve.bench.device                 # on a TPU or GPU: correctness table, then timing table
-    python -m jaxserve.bench.device --budget-s 300  # stop timing rows once 300 s have passed
+    python -m jaxserve.bench.device                 # on a TPU or GPU: three stages, one summary table
+    python -m jaxserve.bench.device --budget-s 200  # the attention table's time budget (default 240 s)
+    python -m jaxserve.bench.device --tiny          # every stage at tiny sizes (on a CPU: interpret mode)
 
-On a TPU it checks `pallas_tpu`, on a GPU `pallas_gpu`; on a CPU it says there is no accelerator and runs
-the correctness cases at small sizes with both kernels in Pallas interpret mode (about a minute).
+On a TPU it checks `pallas_tpu`, on a GPU `pallas_gpu`; on a CPU without `--tiny` it says there is no
+accelerator and runs the correctness cases at small sizes with both kernels in Pallas interpret mode.
 
 Correctness: ragged steps of served-model shapes (gpt-oss: 64 query / 8 KV heads of 64, window 128 and
 sinks; Llama: 32 / 8 of 128; head_dim 256), prefill chunks after cached prefixes, decodes at long
@@ -12,30 +13,44 @@ contexts, an EAGLE tree under a custom mask, bf16, fp8 and f32 pools; each backe
 `native` (max |difference| and the tolerance of the pool's dtype).
 
 Timing: `jaxserve.bench.attention`'s table (native, xla and the kernel; its docstring says what each
-column means), within `--budget-s`.
+column means), within `--budget-s`, against the copy bandwidth measured here.
+
+End-to-end: `jaxserve.bench.gpt_oss_e2e` (a random-weight gpt-oss-20b-shaped model of `--layers` layers
+with a random EAGLE-3 head, greedy decode on native then on the kernel: tokens equal, tokens/s).
+
+Summary: one table of the three stages and the run's total seconds (meant to fit 8 minutes on an H200).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.bench import gpt_oss_e2e
 from jaxserve.bench.attention import (
+    FULL,
     KERNEL_BY_PLATFORM,
+    QUICK,
     Layout,
     Seq,
+    Sizes,
     attention_fn,
     bench,
     build_step,
+    copy_bandwidth,
     copy_pool,
+    kv_bytes,
     llama_layout,
+    timing_rows,
 )
 
 TOLERANCE = {"bfloat16": 3e-2, "float8_e4m3fn": 1e-2, "float32": 1e-4}
+TINY_LAYOUT = Layout("tiny", 4, 2, 16)  # --tiny's attention table: interpret-mode kernels stay quick
 
 
 # ---- correctness -----------------------------------------------------------------------------------------
@@ -78,23 +93,63 @@ def check(names: list[str], small: bool, interpret: bool) -> bool:
     return ok
 
 
+def summary(correct: bool, timings: dict[tuple[str, str], float], layout: Layout, sizes: Sizes,
+            bandwidth: float, kernels: list[str], e2e: list, seconds: float) -> None:
+    """The run's summary table: correctness, the kernel's share of the copy bandwidth on the largest-batch
+    4k decode row (the acceptance row; else the largest decode row it timed), end-to-end tokens/s."""
+    print(f"\n{'stage':<12} {'backend':<11} result")
+    print(f"{'correctness':<12} {'all':<11} {'all ok' if correct else 'FAILURES (see above)'}")
+    decode = {label: seqs for label, seqs in timing_rows(sizes) if label.startswith("decode")}
+    for name in kernels:
+        timed = [label for label in decode if (label, name) in timings]
+        if not timed:
+            print(f"{'attention':<12} {name:<11} no decode row timed")
+            continue
+        label = f"decode {max(sizes.batches)}x4k" if f"decode {max(sizes.batches)}x4k" in timed else timed[-1]
+        share = kv_bytes(layout, decode[label]) / timings[label, name] / bandwidth
+        native = timings.get((label, "native"))
+        versus = f", {native / timings[label, name]:.2f}x native" if native else ""
+        print(f"{'attention':<12} {name:<11} {label}: {share:.2f} of copy bandwidth{versus}")
+    native = e2e[0][0]
+    for result, agree in e2e[1:]:
+        print(f"{'end-to-end':<12} {result.backend:<11} {result.tokens_per_s:.1f} tokens/s, "
+              f"{result.tokens_per_s / native.tokens_per_s:.2f}x native, tokens {agree}")
+    print(f"{'total':<12} {'':<11} {seconds:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--budget-s", type=float, default=360.0, help="stop starting timing rows after this")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="the attention table's time budget")
+    parser.add_argument("--layers", type=int, default=4, help="layers of the end-to-end model")
+    parser.add_argument("--tiny", action="store_true",
+                        help="every stage at tiny sizes (on a CPU: the kernels in interpret mode)")
+    parser.add_argument("--kernels", nargs="+", default=None,
+                        help="default: the platform's kernel (on a CPU both)")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     platform = jax.default_backend()
     kernel = KERNEL_BY_PLATFORM.get(platform)
+    kernels = args.kernels or ([kernel] if kernel else ["pallas_tpu", "pallas_gpu"])
+    interpret = kernel is None
     print(f"jax {jax.__version__}, platform {platform}, devices {jax.devices()}")
-    if kernel is None:
-        print("no accelerator: interpret-mode correctness check of both kernels at small sizes")
-        ok = check(["pallas_tpu", "pallas_gpu", "xla"], small=True, interpret=True)
+    if interpret and not args.tiny:
+        print("no accelerator: interpret-mode correctness check of both kernels at small sizes "
+              "(--tiny runs every stage)")
+        ok = check([*kernels, "xla"], small=True, interpret=True)
         print("correctness:", "all ok" if ok else "FAILURES above")
         return
-    ok = check([kernel, "xla"], small=False, interpret=False)
+    ok = check([*kernels, "xla"], small=args.tiny, interpret=interpret)
     print("correctness:", "all ok" if ok else "FAILURES above")
     print()
-    bench(["native", "xla", kernel], llama_layout(platform), repeats=args.repeats, budget_s=args.budget_s)
+    layout, sizes = (TINY_LAYOUT, QUICK) if args.tiny else (llama_layout(platform), FULL)
+    bandwidth = copy_bandwidth(1 << 26 if args.tiny else 1 << 30)
+    timings = bench(["native", "xla", *kernels], layout, sizes=sizes, repeats=args.repeats,
+                    budget_s=args.budget_s, bandwidth=bandwidth, interpret=interpret)
+    print()
+    e2e = gpt_oss_e2e.bench(kernels, num_layers=args.layers, tiny=args.tiny,
+                            **(gpt_oss_e2e.TINY_SIZES if args.tiny else {}))
+    summary(ok, timings, layout, sizes, bandwidth, kernels, e2e, time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""`python -m jaxserve.bench.device` is ready for an accelerator: its correctness path and its timing stage
-(`bench.attention`'s table) run here at tiny sizes (the kernels in interpret mode) and report what they
-measured."""
+"""`python -m jaxserve.bench.device` is ready for an accelerator: `--tiny` runs its three stages here at
+tiny sizes (the kernels in interpret mode): correctness against native, `bench.attention`'s timing table
+and the end-to-end EAGLE-3 decode of a random gpt-oss, then prints the summary table."""
 
 import dataclasses
+import re
 
 import pytest
 
-from jaxserve.bench import attention, device
+from jaxserve.bench import attention, device, gpt_oss_e2e
 
 
 def _tiny(layout: attention.Layout) -> attention.Layout:
@@ -14,18 +15,22 @@ def _tiny(layout: attention.Layout) -> attention.Layout:
 
 
 @pytest.mark.slow
-def test_device_bench_checks_and_times_each_backend(monkeypatch, capsys):
+def test_device_bench_tiny_runs_every_stage_and_summarises(monkeypatch, capsys):
     cases = device.correctness_cases(small=True)
     step = [attention.Seq(20, 5), attention.Seq(9, 4, tree=True)]
     monkeypatch.setattr(device, "correctness_cases", lambda small: [(_tiny(cases[0][0]), step)])
-    assert device.check(["pallas_tpu", "pallas_gpu"], small=True, interpret=False)
-    sizes = attention.Sizes(batches=(2,), contexts=(40,), chunk=8)
-    layout = _tiny(attention.llama_layout("gpu"))
-    attention.bench(["pallas_gpu", "xla", "native"], layout, sizes=sizes, repeats=1, bandwidth=1e9,
-                    interpret=True)
+    monkeypatch.setattr(device, "QUICK", attention.Sizes(batches=(2,), contexts=(40,), chunk=8))
+    monkeypatch.setattr(gpt_oss_e2e, "TINY_SIZES", dict(batch=1, prompt_len=24, new_tokens=3, chunk=16))
+    device.main(["--tiny", "--kernels", "pallas_gpu", "--repeats", "1", "--layers", "3"])
     out = capsys.readouterr().out
-    assert out.count(" ok") == 2 and "MISMATCH" not in out and "FAILED" not in out
+    lines = out.splitlines()
+    assert sum(ln.endswith("  ok") for ln in lines) == 2 and "MISMATCH" not in out and "FAILED" not in out
     for label in ("decode 2x40", "mixed 2x40"):  # native timed first: the others' rows divide by it
-        rows = [line.split() for line in out.splitlines() if line.startswith(label)]
-        assert [r[2] for r in rows] == ["native", "pallas_gpu", "xla"]
+        rows = [ln.split() for ln in lines if ln.startswith(label)]
+        assert [r[2] for r in rows] == ["native", "xla", "pallas_gpu"]
         assert all(float(r[3]) > 0 for r in rows) and float(rows[0][-1]) == 1.0  # ms; native over itself
+    e2e = [ln.split() for ln in lines if re.match(r"(native|pallas_gpu) +[\d.]+ +[\d.]+ ", ln)]
+    assert [(r[0], r[-1]) for r in e2e] == [("native", "equal"), ("pallas_gpu", "equal")]
+    assert re.search(r"correctness +all +all ok", out)
+    assert re.search(r"attention +pallas_gpu +decode 2x40: [\d.]+ of copy bandwidth, [\d.]+x native", out)
+    assert re.search(r"end-to-end +pallas_gpu +[\d.]+ tokens/s, [\d.]+x native, tokens equal", out)

@@ -62,14 +62,24 @@ def checkpoint(kind: str) -> Path:
     return path
 
 
-@functools.cache
 def target(kind: str, backend: str = DEFAULT_BACKEND):
-    """`checkpoint(kind)` loaded with its attention on `backend`; one model per (kind, backend)."""
+    """`checkpoint(kind)` loaded with its attention on `backend`; one model per (kind, backend), so every
+    engine over it shares its compiled steps."""
+    return _target(kind, backend)
+
+
+@functools.cache
+def _target(kind: str, backend: str):
     return load_model(checkpoint(kind), progress=False, aux_hidden_state_layer_ids=AUX, backend=backend)
 
 
-@functools.cache
 def draft(kind: str, which: str, backend: str = DEFAULT_BACKEND) -> Eagle3Draft:
+    """The `which` ("copy" or "random") head for `target(kind, backend)`, one per argument set."""
+    return _draft(kind, which, backend)
+
+
+@functools.cache
+def _draft(kind: str, which: str, backend: str) -> Eagle3Draft:
     if which == "copy":
         return copy_draft(target(kind, backend), backend)
     return random_draft(draft_config(draft_vocab=128), seed=3, vocab_map=_vocab_map(), backend=backend)
