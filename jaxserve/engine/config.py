@@ -118,8 +118,6 @@ class ServerArgs:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"server arg tp_size={self.tp_size!r} must be an int >= 1")
-        if self.tp_size > 1 and self.speculative_algorithm is not None:
-            raise ValueError("tp_size > 1 with speculative decoding is not supported yet")
         self._check_multihost()
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")

@@ -60,8 +60,8 @@ def resolve_model(args: LaunchArgs) -> tuple[str, dict]:
                           f"or build it with `python -m jaxserve.training.build_embedded`")
     kwargs = dict(args.engine_kwargs)
     spec_supported = "speculative_algorithm" in ServerArgs.__dataclass_fields__
-    if kwargs.get("tp_size", 1) > 1 or kwargs.get("nnodes", 1) > 1:
-        spec_supported = False  # the engine refuses EAGLE-3 under tensor parallelism / multi-host
+    if kwargs.get("nnodes", 1) > 1:
+        spec_supported = False  # the engine refuses EAGLE-3 across processes
     if spec_supported and EMBEDDED_DRAFT_DIR.exists() and "speculative_algorithm" not in kwargs:
         kwargs.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(EMBEDDED_DRAFT_DIR))
     elif spec_supported and kwargs.get("speculative_algorithm") and not kwargs.get(

@@ -76,6 +76,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
@@ -311,7 +312,13 @@ class _Costs:
 class EagleStepper:
     """Runs speculative steps for an engine: owns its scheduler (`SpecScheduler`, whose hooks are this
     stepper's), the draft, its KV pool and the per-request draft state. `runner` (the engine's ModelRunner)
-    holds the penalty pool that prefill and verify read and update."""
+    holds the penalty pool that prefill and verify read and update.
+
+    Tensor parallelism (`kv.mesh` set): the target stays sharded as the engine placed it, and the draft's
+    parameters, its KV pool and the draft state are REPLICATED on every device of the mesh. A round runs
+    several small sequential draft steps on one layer; sharding them would add collectives to every draft
+    step for a model that small, so each device computes the whole draft itself (its memory is one layer's
+    weights and a one-layer pool per device)."""
 
     def __init__(self, target: CausalLM, draft: Eagle3Draft, kv: KVCache, buckets: Buckets, *,
                  runner: ModelRunner, max_tokens: int, max_running: int, num_steps: int,
@@ -365,6 +372,10 @@ class EagleStepper:
         self.costs: dict[int, _Costs] = {}  # per seq bucket
         self._prev_decode: tuple[int, int] | None = None  # (seq bucket, choice) of the last step if decode
         self.tree = None
+        if kv.mesh is not None:  # every draft-side argument replicated over the mesh (see the class)
+            replicated = NamedSharding(kv.mesh, PartitionSpec())
+            self.dparams, self.dpool, self.states, self.shifts, self.last_tokens = jax.device_put(
+                (self.dparams, self.dpool, self.states, self.shifts, self.last_tokens), replicated)
         if topk > 1:
             from jaxserve.speculative.draft_tree import TreeDrafter
 

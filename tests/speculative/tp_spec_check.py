@@ -1,0 +1,90 @@
+"""Run by test_tensor_parallel_speculative.py in a subprocess with 8 fake CPU devices (XLA_FLAGS set before
+JAX starts): EAGLE-3 speculative decoding under tensor parallelism. For each target (a tiny Llama and a
+tiny gpt-oss with SWA, sinks and MoE, both with 8 q heads and 2 kv heads, so tp 4 and 8 replicate kv
+heads), greedy outputs of the speculative engine with the radix cache on equal the tp 1 plain engine's,
+for chain and tree drafting spread over tp 2, 4 and 8 (`RUNS`: each target runs both kinds and every tp;
+tp 1 speculative is the lossless tests' case). The draft's parameters, pool and state are replicated on
+every device while the target's pools hold 1/tp per device; each program compiles once (one bucket).
+Usage: python tests/speculative/tp_spec_check.py WORKDIR ARCH..."""
+
+import faulthandler
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax
+
+from jaxserve.api import Engine
+from jaxserve.engine.step_input import Buckets
+from jaxserve.loader.load import load_model
+from tests.engine.conftest import GPT_OSS
+from tests.models.helpers import make_hf_checkpoint
+from tests.speculative import spec_pairs as sp
+
+HEADS = dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True, initializer_range=0.1)
+ARCHS = {"llama": dict(num_hidden_layers=3, head_dim=8, **HEADS),
+         "gpt_oss": dict({**GPT_OSS, "num_hidden_layers": 4}, **HEADS)}
+CONFIGS = {"chain": dict(speculative_num_steps=3),
+           "tree": dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=4)}
+# (drafting, tp) per target: 6 speculative engines instead of 12 for the whole grid
+RUNS = {"llama": (("chain", 2), ("tree", 4), ("chain", 8)),
+        "gpt_oss": (("tree", 2), ("chain", 4), ("tree", 8))}
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+PAGE_SIZE = 4
+
+
+def engine(path: str, tp: int, **spec) -> Engine:
+    """One bucket per dimension: every step runs a program compiled on this thread."""
+    return Engine(model_path=path, tp_size=tp, page_size=PAGE_SIZE, max_total_tokens=512,
+                  chunked_prefill_size=32, max_running_requests=4, context_length=48,
+                  buckets=Buckets((32,), (4,), (16,)), **spec)
+
+
+def outputs(eng: Engine, prompts) -> list[list[int]]:
+    """Greedy outputs over two passes (the second shares prefixes with the first: radix cache hits)."""
+    outs = eng.generate(input_ids=prompts[:3], sampling_params=GREEDY)
+    outs += eng.generate(input_ids=prompts[3:], sampling_params=GREEDY)
+    assert sum(o["meta_info"]["cached_tokens"] for o in outs[3:]) > 0
+    return [o["output_ids"] for o in outs]
+
+
+def device_bytes(tree, device) -> int:
+    leaves = jax.tree.leaves(tree)
+    return sum(s.data.nbytes for a in leaves for s in a.addressable_shards if s.device == device)
+
+
+def check(workdir: str, arch: str) -> None:
+    path = os.path.join(workdir, arch)
+    make_hf_checkpoint(path, arch, seed=1, **ARCHS[arch])
+    draft = sp.copy_draft(load_model(path, progress=False, aux_hidden_state_layer_ids=sp.AUX))
+    prompts = sp.shared_prefix_prompts(seed=5, n=6)
+    ref = outputs(engine(path, 1), prompts)
+    for name, tp in RUNS[arch]:
+        spec = dict(draft_model=draft, speculative_algorithm="EAGLE3", speculative_policy="always",
+                    **CONFIGS[name])
+        t0 = time.perf_counter()
+        eng = engine(path, tp, **spec)
+        out = outputs(eng, prompts)
+        assert out == ref, (arch, name, tp, out, ref)
+        stepper = eng.stepper
+        assert stepper.stats["accepted"] > 0, stepper.stats
+        # one bucket per dimension: a second executable of a program would be a recompile
+        assert max(stepper.num_compiles.values()) == 1, stepper.num_compiles
+        eng.check_memory()
+        dev = eng.mesh.devices.flat[0]
+        draft_side = (stepper.dparams, stepper.dpool, stepper.states)
+        assert all(a.sharding.is_fully_replicated for a in jax.tree.leaves(draft_side))
+        assert device_bytes(draft_side, dev) == sum(a.nbytes for a in jax.tree.leaves(draft_side))
+        pools = jax.tree.leaves(eng.kv.pools)
+        assert device_bytes(pools, dev) * tp == sum(a.nbytes for a in pools)
+        print(f"OK {arch} {name} tp={tp} kv_heads={eng.kv.layout.num_kv_heads} "
+              f"accepted={stepper.stats['accepted']} compiles={stepper.num_compiles} "
+              f"seconds={time.perf_counter() - t0:.1f}", flush=True)
+
+if __name__ == "__main__":
+    faulthandler.enable()  # a native abort still prints every thread's Python stack
+    for name in sys.argv[2:]:
+        check(sys.argv[1], name)
