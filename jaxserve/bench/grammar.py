@@ -13,7 +13,8 @@ applies the step before and fills the masks). The run also times both batches wi
 off (`plain_sync`, `regex_sync`: each constrained step applied as it is dispatched, the fused step), so
 `regex_over_plain_sync` is the mask's own cost and `regex_over_regex_sync` what the split schedule gains.
 
-`--eagle3` adds both batches on an EAGLE-3 engine (the embedded draft, a round every step) to the same
+`--eagle3` adds both batches on an EAGLE-3 engine (its own copy of the target, loaded to capture the
+draft's hidden states; the embedded draft; a round every step) to the same
 alternation: `eagle3_regex_over_eagle3_plain` is what the grammar costs under speculation (a constrained
 round is drafted, read by the host, walked through the grammar, then verified: two calls instead of one),
 `eagle3_regex_over_regex` what speculation gives a constrained batch, and the accept lengths (output tokens
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = {"plain": (engine, base), "plain_sync": (sync, base), "regex": (engine, constrained),
              "regex_sync": (sync, constrained)}
     if args.eagle3:
-        spec = Engine(model=engine.model, tokenizer=engine.tokenizer, speculative_algorithm="EAGLE3",
+        spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
                       speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **flags)
         kinds.update({"eagle3_plain": (spec, base), "eagle3_regex": (spec, constrained)})
     for eng, params in kinds.values():  # compile every shape each needs

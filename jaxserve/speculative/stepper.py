@@ -755,7 +755,8 @@ class EagleStepper:
         """(programs, bucket, abstract arguments) of the programs this stepper's steps can use, ordered by
         `runner.largest_first`: the prefill program per (tokens, seqs, pages) with seqs <= tokens, and
         unless the policy never drafts, the chain round per (seqs, pages). Tree drafting and
-        `record_draft_top1` variants are not planned."""
+        `record_draft_top1` variants are not planned, nor the constrained round's `draft_chain` and
+        `verify_chain` (compiled when a grammar first runs)."""
         prefill, chain = self._fns(False)
         state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
         num_rows = self.states[0].shape[0]
