@@ -757,7 +757,7 @@ class EagleStepper:
         unless the policy never drafts, the chain round per (seqs, pages). Tree drafting and
         `record_draft_top1` variants are not planned, nor the constrained round's `draft_chain` and
         `verify_chain` (compiled when a grammar first runs)."""
-        prefill, chain = self._fns(False)
+        prefill, chain = self._fns(False)[:2]
         state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
         num_rows = self.states[0].shape[0]
         b = self.buckets
