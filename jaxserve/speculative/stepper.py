@@ -56,8 +56,8 @@ forces and cutting the chain at the first draft it refuses, and rolls the matche
 verifies with those masks (the fused round's second half). Constrained requests are walked by matching the
 plain sampler's own draw at each node (same masked logits, same key), so their output equals the plain
 engine's constrained decoding token for token, greedy or seeded; the others verify as in a fused round. The
-matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) decodes a
-batch with a grammar by plain steps (masked as the plain engine masks).
+matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) takes no
+grammar (the engine refuses such requests).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
@@ -476,8 +476,6 @@ class EagleStepper:
         choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
                                     disable_batch_size=self.disable_batch_size, accept_rate=self.accept_rate,
                                     costs=costs.view())
-        if self.tree is not None and any(r.grammar is not None for r in reqs):
-            choice = 0  # tree rounds carry no grammar masks: a constrained batch decodes by plain steps
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
         t0 = time.perf_counter()

@@ -35,11 +35,16 @@ def tokenizer():
     return HFTokenizer(path)
 
 
-def test_constrained_outputs_equal_plain_engine_and_accept_drafts(tokenizer):
-    plain = sp.engine("llama", which=None, tokenizer=tokenizer).generate(input_ids=PROMPTS,
-                                                                         sampling_params=PARAMS)
+@pytest.fixture(scope="module")
+def plain(tokenizer):
+    """The plain engine's outputs: the reference."""
+    engine = sp.engine("llama", which=None, tokenizer=tokenizer)
+    return [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)]
+
+
+def test_constrained_outputs_equal_plain_engine_and_accept_drafts(tokenizer, plain):
     spec = sp.engine("llama", tokenizer=tokenizer).generate(input_ids=PROMPTS, sampling_params=PARAMS)
-    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert [o["output_ids"] for o in spec] == plain
     for i in (0, 4):
         assert json.loads(spec[i]["text"]).keys() == {"id", "name"}, spec[i]["text"]
     # constrained rounds accept drafts: tokens per round pooled over the constrained requests (a round that
@@ -47,3 +52,4 @@ def test_constrained_outputs_equal_plain_engine_and_accept_drafts(tokenizer):
     infos = [o["meta_info"] for o in spec[:5]]
     tokens = sum(i["completion_tokens"] for i in infos)
     assert tokens / sum(i["spec_verify_ct"] for i in infos) > 1.5, [i["spec_accept_lengths"] for i in infos]
+
