@@ -2,6 +2,7 @@
 
     python -m jaxserve.bench.grammar                 # batch 8, 64 output tokens, 4 repeats
     python -m jaxserve.bench.grammar --batch 16
+    python -m jaxserve.bench.grammar --eagle3       # also both batches under EAGLE-3 (the embedded draft)
 
 Model: the embedded default (its tokenizer builds the grammar's vocabulary). The same `--batch` prompts
 decode `--max-new-tokens` tokens (greedy, ignore_eos) unconstrained, then each under the regex
@@ -11,6 +12,13 @@ overlap schedule a constrained step is cut in two (`engine.split_step`: the forw
 applies the step before and fills the masks). The run also times both batches with the overlap schedule
 off (`plain_sync`, `regex_sync`: each constrained step applied as it is dispatched, the fused step), so
 `regex_over_plain_sync` is the mask's own cost and `regex_over_regex_sync` what the split schedule gains.
+
+`--eagle3` adds both batches on an EAGLE-3 engine (its own copy of the target, loaded to capture the
+draft's hidden states; the embedded draft; a round every step) to the same
+alternation: `eagle3_regex_over_eagle3_plain` is what the grammar costs under speculation (a constrained
+round is drafted, read by the host, walked through the grammar, then verified: two calls instead of one),
+`eagle3_regex_over_regex` what speculation gives a constrained batch, and the accept lengths (output tokens
+per verify round, pooled over the batch, median pass) say how many drafts the grammar walk lets through.
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ PROMPTS = ["The quick brown fox", "Hello world", "def main():", "Question: what 
 REGEX = "[a-z ]+"
 
 
-def _pass(engine: Engine, prompts: list[str], params: dict) -> float:
-    """Output tokens per second of one generate call."""
+def _pass(engine: Engine, prompts: list[str], params: dict) -> tuple[float, float | None]:
+    """Output tokens per second of one generate call, and its output tokens per verify round (pooled over
+    the requests; None without speculation)."""
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    return sum(o["meta_info"]["completion_tokens"] for o in outs) / elapsed
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    rounds = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
+    return tokens / elapsed, tokens / rounds if rounds else None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -41,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--eagle3", action="store_true", help="also time both batches under EAGLE-3")
     args = parser.parse_args(argv)
     flags = dict(page_size=16, max_total_tokens=8192, chunked_prefill_size=64,
                  max_running_requests=max(args.batch, 1), random_seed=0)
@@ -51,26 +63,43 @@ def main(argv: list[str] | None = None) -> dict:
     constrained = {**base, "regex": REGEX}
     kinds = {"plain": (engine, base), "plain_sync": (sync, base), "regex": (engine, constrained),
              "regex_sync": (sync, constrained)}
+    if args.eagle3:
+        spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
+                      speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **flags)
+        kinds.update({"eagle3_plain": (spec, base), "eagle3_regex": (spec, constrained)})
     for eng, params in kinds.values():  # compile every shape each needs
         _pass(eng, prompts, params)
-    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    runs: dict[str, list[tuple[float, float | None]]] = {k: [] for k in kinds}
     order = list(kinds.items())
     for i in range(args.repeats):  # ABBA: every other repeat runs the kinds in reverse order
         for name, (eng, params) in (order if i % 2 == 0 else order[::-1]):
             eng.flush_cache()
-            rates[name].append(_pass(eng, prompts, params))
-    median = {k: statistics.median(v) for k, v in rates.items()}
+            runs[name].append(_pass(eng, prompts, params))
+    median = {k: statistics.median(r for r, _ in v) for k, v in runs.items()}
     result = {"batch": args.batch, "max_new_tokens": args.max_new_tokens,
               "load_avg_1m": round(os.getloadavg()[0], 2),
               **{f"{k}_tok_s": round(v, 1) for k, v in median.items()},
               "regex_over_plain": round(median["regex"] / median["plain"], 3),
               "regex_over_plain_sync": round(median["regex"] / median["plain_sync"], 3),
               "regex_over_regex_sync": round(median["regex"] / median["regex_sync"], 3)}
+    if args.eagle3:
+        for name in ("eagle3_plain", "eagle3_regex"):
+            result[f"{name}_accept_length"] = round(statistics.median(a for _, a in runs[name]), 3)
+        result.update({
+            "eagle3_regex_over_eagle3_plain": round(median["eagle3_regex"] / median["eagle3_plain"], 3),
+            "eagle3_regex_over_regex": round(median["eagle3_regex"] / median["regex"], 3),
+            "eagle3_plain_over_plain": round(median["eagle3_plain"] / median["plain"], 3)})
     print(f"grammar bench: batch {args.batch}, {args.max_new_tokens} tokens: plain {median['plain']:.1f}, "
           f"plain without overlap {median['plain_sync']:.1f}, regex {median['regex']:.1f}, "
           f"regex without overlap {median['regex_sync']:.1f} tok/s; "
           f"regex / plain {result['regex_over_plain']:.3f}, "
           f"regex / plain without overlap {result['regex_over_plain_sync']:.3f}")
+    if args.eagle3:
+        r = result
+        print(f"under EAGLE-3: plain {median['eagle3_plain']:.1f} tok/s (accept length "
+              f"{r['eagle3_plain_accept_length']}), regex {median['eagle3_regex']:.1f} tok/s (accept length "
+              f"{r['eagle3_regex_accept_length']}); regex / plain {r['eagle3_regex_over_eagle3_plain']:.3f}, "
+              f"regex with / without EAGLE-3 {r['eagle3_regex_over_regex']:.3f}")
     print(json.dumps(result))
     return result
 

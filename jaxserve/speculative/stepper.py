@@ -56,8 +56,8 @@ forces and cutting the chain at the first draft it refuses, and rolls the matche
 verifies with those masks (the fused round's second half). Constrained requests are walked by matching the
 plain sampler's own draw at each node (same masked logits, same key), so their output equals the plain
 engine's constrained decoding token for token, greedy or seeded; the others verify as in a fused round. The
-matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) decodes a
-batch with a grammar by plain steps (masked as the plain engine masks).
+matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) takes no
+grammar (the engine refuses such requests).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
@@ -487,8 +487,6 @@ class EagleStepper:
         choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
                                     disable_batch_size=self.disable_batch_size, accept_rate=self.accept_rate,
                                     costs=costs.view())
-        if self.tree is not None and any(r.grammar is not None for r in reqs):
-            choice = 0  # tree rounds carry no grammar masks: a constrained batch decodes by plain steps
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
         t0 = time.perf_counter()
@@ -766,8 +764,9 @@ class EagleStepper:
         """(programs, bucket, abstract arguments) of the programs this stepper's steps can use, ordered by
         `runner.largest_first`: the prefill program per (tokens, seqs, pages) with seqs <= tokens, and
         unless the policy never drafts, the chain round per (seqs, pages). Tree drafting and
-        `record_draft_top1` variants are not planned."""
-        prefill, chain = self._fns(False)
+        `record_draft_top1` variants are not planned, nor the constrained round's `draft_chain` and
+        `verify_chain` (compiled when a grammar first runs)."""
+        prefill, chain = self._fns(False)[:2]
         state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
         num_rows = self.states[0].shape[0]
         b = self.buckets
