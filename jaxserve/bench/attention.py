@@ -208,7 +208,7 @@ def bench(names: list[str], layout: Layout, *, sizes: Sizes = FULL, repeats: int
     `native` is timed first in each row when it is in `names`. `bandwidth`: the copy bandwidth in bytes/s
     (None: measured now). `interpret`: the Pallas kernels run in interpret mode."""
     bandwidth = bandwidth or copy_bandwidth()
-    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s; layout {layout}")
+    print(f"copy bandwidth: {bandwidth / 1e9:.4g} GB/s; layout {layout}")
     print(_line(*COLUMNS))
     names = sorted(names, key=lambda n: n != "native")
     started, skipped = time.perf_counter(), []
@@ -251,7 +251,7 @@ def bench(names: list[str], layout: Layout, *, sizes: Sizes = FULL, repeats: int
                 continue
             results[label, name], per_byte[kind, name] = seconds, seconds / row_bytes
             native = results.get((label, "native"))
-            print(_line(label, name, f"{seconds * 1e3:.3f}", f"{row_bytes / seconds / 1e9:.3g}",
+            print(_line(label, name, f"{seconds * 1e3:.4g}", f"{row_bytes / seconds / 1e9:.3g}",
                         f"{row_bytes / seconds / bandwidth:.3g}",
                         f"{native / seconds:.2f}" if native else "n/a"), flush=True)
         del pool

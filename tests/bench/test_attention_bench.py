@@ -33,7 +33,7 @@ def test_quick_run_prints_every_row_with_consistent_columns(capsys):
         for name in ("native", "xla"):
             ms, gbs, of_copy, x_native = map(float, table[label, name])
             want_gbs = attention.kv_bytes(layout, seqs) / (ms / 1e3) / 1e9
-            assert gbs == pytest.approx(want_gbs, rel=5e-3)  # printed to 3 significant digits
+            assert gbs == pytest.approx(want_gbs, rel=1e-2)  # ms printed to 4 significant digits, GB/s to 3
             assert of_copy == pytest.approx(gbs * 1e9 / bandwidth, rel=2e-2)
             native_ms = float(table[label, "native"][0])
             assert x_native == pytest.approx(native_ms / ms, rel=2e-2, abs=6e-3)

@@ -5,9 +5,10 @@ Two targets, each with an EAGLE-3 head drafting chains (3 steps) and trees (top-
 - the speculative tests' tiny Llama (`spec_pairs`, full attention) with its copy head.
 Prefill chunks, radix-cache hits (the second batch shares the first prompt's prefix), chain and tree
 verification (the tree under the custom mask) and the draft head's own attention all run on the kernel.
-Page size 16; the prompts cross the window and several 64-token chunks. The reference is the same engine
-on `native`, run once per (target, drafting). Each run must accept some drafts and hit the cache, so a
-kernel bug on the verify or cached-prefix path cannot hide behind a case that never reaches it.
+Page size 16; the prompts cross the window and several 64-token chunks. The reference is the plain
+(non-speculative) engine on `native`, run once per target: speculative decoding is lossless, so every
+chain and tree run must reproduce native's greedy tokens. Each run must accept some drafts and hit the
+cache, so a kernel bug on the verify or cached-prefix path cannot hide behind a case that never reaches it.
 """
 
 import functools
@@ -39,19 +40,24 @@ def _gpt_oss(backend: str):
     return model, draft
 
 
-def _engine(kind: str, drafting: str, backend: str) -> Engine:
+def _engine(kind: str, drafting: str | None, backend: str) -> Engine:
+    """The engine over `kind`'s target on `backend`: speculative with `drafting`, plain when None."""
     if kind == "llama":
+        if drafting is None:
+            return sp.engine("llama", which=None, backend=backend, page_size=PAGE_SIZE, chunk=CHUNK,
+                             max_running=MAX_RUNNING)
         spec = dict(DRAFTING[drafting])
         return sp.engine("llama", backend=backend, page_size=PAGE_SIZE, chunk=CHUNK, max_running=MAX_RUNNING,
                          num_steps=spec.pop("speculative_num_steps"), **spec)
     model, draft = _gpt_oss(backend)
-    return Engine(model=model, draft_model=draft, speculative_algorithm="EAGLE3", page_size=PAGE_SIZE,
-                  max_total_tokens=1024, chunked_prefill_size=CHUNK, max_running_requests=MAX_RUNNING,
-                  buckets=small_buckets(max_tokens=CHUNK, max_seqs=MAX_RUNNING, max_pages=64),
-                  **DRAFTING[drafting])
+    spec = {} if drafting is None else dict(draft_model=draft, speculative_algorithm="EAGLE3",
+                                             **DRAFTING[drafting])
+    return Engine(model=model, page_size=PAGE_SIZE, max_total_tokens=1024, chunked_prefill_size=CHUNK,
+                  max_running_requests=MAX_RUNNING,
+                  buckets=small_buckets(max_tokens=CHUNK, max_seqs=MAX_RUNNING, max_pages=64), **spec)
 
 
-def _outputs(kind: str, drafting: str, backend: str) -> list[dict]:
+def _outputs(kind: str, drafting: str | None, backend: str) -> list[dict]:
     engine = _engine(kind, drafting, backend)
     assert engine.model.layers[0].attn.cfg.backend == backend
     shared = prompts(5, [40])[0]
@@ -62,14 +68,14 @@ def _outputs(kind: str, drafting: str, backend: str) -> list[dict]:
     return outs
 
 
-_native_outputs = functools.cache(lambda kind, drafting: _outputs(kind, drafting, "native"))
+_native_outputs = functools.cache(lambda kind: _outputs(kind, None, "native"))
 
 
 @pytest.mark.parametrize("backend", ["pallas_gpu", "pallas_tpu"])
 @pytest.mark.parametrize(("kind", "drafting"), [("gpt_oss", "tree"), ("gpt_oss", "chain"), ("llama", "tree"),
                                                 ("llama", "chain")])
 def test_engine_greedy_tokens_equal_native_with_eagle3(kind, drafting, backend):
-    want = [o["output_ids"] for o in _native_outputs(kind, drafting)]
+    want = [o["output_ids"] for o in _native_outputs(kind)]
     got = _outputs(kind, drafting, backend)
     assert [o["output_ids"] for o in got] == want
     assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in got)
