@@ -4,7 +4,8 @@ tiny gpt-oss with SWA, sinks and MoE, both with 8 q heads and 2 kv heads, so tp 
 heads), greedy outputs of the speculative engine with the radix cache on equal the tp 1 plain engine's,
 for chain and tree drafting spread over tp 2, 4 and 8 (`RUNS`: each target runs both kinds and every tp;
 tp 1 speculative is the lossless tests' case). The draft's parameters, pool and state are replicated on
-every device while the target's pools hold 1/tp per device; each program compiles once (one bucket).
+every device while the target's pools hold 1/tp per device, i.e. max(1, kv_heads / tp) kv heads' worth;
+each program compiles once (one bucket).
 Usage: python tests/speculative/tp_spec_check.py WORKDIR ARCH..."""
 
 import faulthandler
@@ -61,7 +62,10 @@ def check(workdir: str, arch: str) -> None:
     make_hf_checkpoint(path, arch, seed=1, **ARCHS[arch])
     draft = sp.copy_draft(load_model(path, progress=False, aux_hidden_state_layer_ids=sp.AUX))
     prompts = sp.shared_prefix_prompts(seed=5, n=6)
-    ref = outputs(engine(path, 1), prompts)
+    plain = engine(path, 1)
+    ref = outputs(plain, prompts)
+    kv_heads = ARCHS[arch]["num_key_value_heads"]
+    head_bytes = sum(a.nbytes for a in jax.tree.leaves(plain.kv.pools)) // kv_heads  # one kv head's pools
     for name, tp in RUNS[arch]:
         spec = dict(draft_model=draft, speculative_algorithm="EAGLE3", speculative_policy="always",
                     **CONFIGS[name])
@@ -80,6 +84,8 @@ def check(workdir: str, arch: str) -> None:
         assert device_bytes(draft_side, dev) == sum(a.nbytes for a in jax.tree.leaves(draft_side))
         pools = jax.tree.leaves(eng.kv.pools)
         assert device_bytes(pools, dev) * tp == sum(a.nbytes for a in pools)
+        # as SGLang: each device holds max(1, kv_heads / tp) kv heads (a replicated head past tp = kv_heads)
+        assert device_bytes(pools, dev) == head_bytes * max(1, kv_heads // tp)
         print(f"OK {arch} {name} tp={tp} kv_heads={eng.kv.layout.num_kv_heads} "
               f"accepted={stepper.stats['accepted']} compiles={stepper.num_compiles} "
               f"seconds={time.perf_counter() - t0:.1f}", flush=True)
