@@ -2,8 +2,8 @@
 JAX starts): EAGLE-3 speculative decoding under tensor parallelism. For each target (a tiny Llama and a
 tiny gpt-oss with SWA, sinks and MoE, both with 8 q heads and 2 kv heads, so tp 4 and 8 replicate kv
 heads), greedy outputs of the speculative engine with the radix cache on equal the tp 1 plain engine's,
-for chain and tree drafting spread over tp 2, 4 and 8 (`RUNS`: each target runs both kinds and every tp;
-tp 1 speculative is the lossless tests' case). The draft's parameters, pool and state are replicated on
+for chain and tree drafting spread over tp 4 and 8 (`RUNS`: each target runs both kinds at both; tp 1
+speculative is the lossless tests' case). The draft's parameters, pool and state are replicated on
 every device while the target's pools hold 1/tp per device, i.e. max(1, kv_heads / tp) kv heads' worth;
 each program compiles once (one bucket).
 Usage: python tests/speculative/tp_spec_check.py WORKDIR ARCH..."""
@@ -30,9 +30,10 @@ ARCHS = {"llama": dict(num_hidden_layers=3, head_dim=8, **HEADS),
          "gpt_oss": dict({**GPT_OSS, "num_hidden_layers": 4}, **HEADS)}
 CONFIGS = {"chain": dict(speculative_num_steps=3),
            "tree": dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=4)}
-# (drafting, tp) per target: 6 speculative engines instead of 12 for the whole grid
-RUNS = {"llama": (("chain", 2), ("tree", 4), ("chain", 8)),
-        "gpt_oss": (("tree", 2), ("chain", 4), ("tree", 8))}
+# (drafting, tp) per target: 4 speculative engines instead of 12 for the whole grid (each costs ~10 s of
+# compiles on CPU). tp 2 is left out: it shards the same way as 4 without the kv-head replication, and
+# the plain engine's tp 2 is tests/models/tp_check.py's
+RUNS = {"llama": (("chain", 4), ("tree", 8)), "gpt_oss": (("tree", 4), ("chain", 8))}
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 PAGE_SIZE = 4
 
