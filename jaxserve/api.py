@@ -85,7 +85,7 @@ class Engine:
             model, tokenizer = load_model_and_tokenizer(self.args, aux_hidden_state_layer_ids=aux_ids,
                                                         mesh=self.mesh)
         elif self.mesh is not None:
-            model = shard_model(model, self.mesh)  # in place: the caller's model is resharded
+            model = shard_model(model, self.mesh, self.args.ep_size)  # in place: the caller's model too
         if not self.args.disable_layer_scan:
             model = scan_layers(model)  # a model loaded here is dropped: only the stacked layers stay
         self.model, self.tokenizer = model, tokenizer

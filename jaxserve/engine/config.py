@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxserve.layers.backends import AUTO, DEFAULT_BACKEND, get_backend
+from jaxserve.models.sharding import expert_parallel_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,11 @@ class ServerArgs:
     threshold).
     tp_size: tensor-parallel degree: one SPMD program over a `("tp",)` mesh of the first tp_size devices,
     weights sharded per `jaxserve.models.sharding` (placed at load time), KV pools sharded on kv heads,
-    attention per shard under shard_map; the host cache, allocators and scheduler stay single. Not with
-    speculative decoding yet.
+    attention per shard under shard_map; the host cache, allocators and scheduler stay single. With
+    speculative decoding the EAGLE-3 draft is replicated on every device (`speculative.stepper`).
+    ep_size: how MoE experts (gpt-oss) split over the same tp devices: tp_size (None, the default) gives
+    each device tp_size-th of the experts, whole; 1 splits every expert's intermediate dimension across the
+    devices instead. Other values are refused (`models.sharding.expert_parallel_sizes`).
     mem_fraction_static: size the KV pools from device memory instead of `max_total_tokens` (SGLang's
     flag): weights and pools may take this fraction of the device, and the pools also leave the measured
     activation peak of the largest bucket free (`jaxserve.engine.memory_plan`); an explicit
@@ -92,6 +96,7 @@ class ServerArgs:
     speculative_policy: str = "always"
     speculative_disable_batch_size: int | None = None
     tp_size: int = 1
+    ep_size: int | None = None
     mem_fraction_static: float | None = None
     disable_layer_scan: bool = False
     debug_token_keys: bool = False
@@ -118,6 +123,9 @@ class ServerArgs:
             raise ValueError(f"swa_full_tokens_ratio={self.swa_full_tokens_ratio} must be in (0, 1]")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"server arg tp_size={self.tp_size!r} must be an int >= 1")
+        if self.ep_size is not None and self.ep_size not in expert_parallel_sizes(self.tp_size):
+            raise ValueError(f"ep_size={self.ep_size!r} with tp_size={self.tp_size}; choose one of "
+                             f"{list(expert_parallel_sizes(self.tp_size))}")
         self._check_multihost()
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")

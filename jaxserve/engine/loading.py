@@ -20,7 +20,8 @@ def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=(),
     """`args.model_path`'s model (None: the embedded default) in `args.dtype` ("auto" = the checkpoint's) and
     its `HFTokenizer`, or None when the directory has no tokenizer.json or `skip_tokenizer_init` is set.
     `aux_hidden_state_layer_ids`: the layers an EAGLE-3 draft reads (see `jaxserve.models.decoder`).
-    `mesh`: tensor parallelism - each parameter is placed sharded as it loads (`models.sharding`)."""
+    `mesh`: tensor parallelism - each parameter is placed sharded as it loads (`models.sharding`, experts
+    as `args.ep_size` says)."""
     from jaxserve.loader.load import load_model
     from jaxserve.loader.tokenizer import HFTokenizer
 
@@ -34,7 +35,7 @@ def load_model_and_tokenizer(args: ServerArgs, *, aux_hidden_state_layer_ids=(),
         model_path = str(EMBEDDED_MODEL_DIR)
     place = None
     if mesh is not None:
-        place = sharding_for(ModelConfig.from_file(model_path), mesh)
+        place = sharding_for(ModelConfig.from_file(model_path), mesh, args.ep_size)
     model = load_model(model_path, dtype=None if args.dtype == "auto" else args.dtype,
                        backend=args.attention_backend, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids,
                        sharding_for=place)

@@ -6,7 +6,11 @@ Parameters (`param_spec`, Megatron-style; a dimension that `tp` does not divide 
   bias `P("tp")`); o_proj and down_proj: row-parallel (kernel `P("tp", None)`, bias replicated, XLA adds
   the all-reduce); k/v when `num_kv_heads < tp`: replicated (every shard computes all kv heads, keeps its
   own, see below);
-- gpt-oss experts: expert-parallel on the same axis (`[E, ...]` -> `P("tp", ...)`, ep = tp), router
+- gpt-oss experts, on the same axis, as `ep_size` says (`expert_parallel_sizes`): ep = tp (the default)
+  shards whole experts (`[E, ...]` -> `P("tp", ...)`: each shard holds E/tp experts); ep = 1 shards every
+  expert's intermediate dimension instead (gate_up_proj `[E, H, 2I]` and its bias on the 2I columns,
+  down_proj `[E, I, H]` on I: row-parallel, its bias replicated; gate/up columns are interleaved, so a
+  block of 2I/tp columns holds whole (gate, up) pairs, the same I/tp rows of down_proj); router
   replicated; sinks `[H]` follow their q heads;
 - embedding `[V, H]`: vocab-parallel `P("tp", None)`; lm_head kernel `[H, V]`: `P(None, "tp")`;
 - norms: replicated.
@@ -50,9 +54,20 @@ def make_tp_mesh(tp_size: int) -> Mesh:
     return Mesh(np.asarray(devices[:tp_size]), (TP,), axis_types=(AxisType.Auto,))
 
 
-def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp: int) -> P:
+def expert_parallel_sizes(tp: int) -> tuple[int, ...]:
+    """The `ep_size` values a `tp`-way mesh takes: tp (whole experts per shard) or 1 (every expert split
+    on its intermediate dimension)."""
+    return tuple(sorted({1, tp}, reverse=True))
+
+
+def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp: int,
+               ep: int | None = None) -> P:
     """The PartitionSpec of parameter `path` (as `CausalLM.weight_specs` names it) of `shape`; see the
-    module docstring for the table. Replicated (`P()`) when `tp` does not divide the sharded dimension."""
+    module docstring for the table. `ep`: the expert-parallel size (None: tp). Replicated (`P()`) when `tp`
+    does not divide the sharded dimension."""
+    ep = tp if ep is None else ep
+    if ep not in expert_parallel_sizes(tp):
+        raise ValueError(f"ep_size={ep} with tp_size={tp}; choose one of {list(expert_parallel_sizes(tp))}")
     names = tuple(str(p) for p in path)
     leaf, owner = names[-1], names[-2] if len(names) > 1 else ""
 
@@ -67,6 +82,11 @@ def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp:
         return on(len(shape) - 1)
     if owner in _ROW:  # kernel [in, out]: the input features; the bias is added once, after the reduce
         return on(0) if leaf == "kernel" else P()
+    if owner == "mlp" and leaf in _EXPERTS and ep != tp:  # ep 1: each expert's intermediate dimension
+        intermediate = shape[1] if leaf == "down_proj" else shape[-1] // 2  # gate_up: 2I interleaved
+        if leaf == "down_proj_bias" or intermediate % tp:
+            return P()
+        return on(1) if leaf == "down_proj" else on(len(shape) - 1)
     if (owner == "mlp" and leaf in _EXPERTS) or leaf == "sinks" or names[:2] == ("embed", "embed"):
         return on(0)
     if names[0] == "lm_head":
@@ -74,12 +94,13 @@ def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp:
     return P()
 
 
-def sharding_for(config: ModelConfig, mesh: Mesh):
-    """The loader's `sharding_for(path, shape)` hook placing every parameter by `param_spec` on `mesh`."""
+def sharding_for(config: ModelConfig, mesh: Mesh, ep_size: int | None = None):
+    """The loader's `sharding_for(path, shape)` hook placing every parameter by `param_spec` on `mesh`
+    (`ep_size`: see `param_spec`)."""
     tp = mesh.shape[TP]
 
     def place(path: ParamPath, shape: tuple[int, ...]) -> NamedSharding:
-        return NamedSharding(mesh, param_spec(config, path, shape, tp))
+        return NamedSharding(mesh, param_spec(config, path, shape, tp, ep_size))
 
     return place
 
@@ -115,11 +136,11 @@ def make_sharded_pools(layout: KVLayout, mesh: Mesh, num_pages: int, page_size: 
     return make()
 
 
-def shard_model(model: CausalLM, mesh: Mesh) -> CausalLM:
+def shard_model(model: CausalLM, mesh: Mesh, ep_size: int | None = None) -> CausalLM:
     """An unstacked `model` (e.g. built with random weights) with every parameter moved to its
     `param_spec` sharding on `mesh` and its attention set to run under shard_map; in place. A checkpoint
     is placed at load time instead (`load_model(..., sharding_for=sharding_for(config, mesh))`)."""
-    place = sharding_for(model.config, mesh)
+    place = sharding_for(model.config, mesh, ep_size)
     flat = nnx.to_flat_state(nnx.state(model))
     leaves = [jax.device_put(x, place(path, x.shape))
               for path, x in zip(flat.paths, flat.leaves, strict=True)]

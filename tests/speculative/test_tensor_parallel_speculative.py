@@ -1,6 +1,6 @@
 """EAGLE-3 speculative decoding with tensor parallelism (`Engine(tp_size=..., speculative_algorithm=...)`) on
 8 fake CPU devices, in one subprocess for both targets (the device count must be set before JAX starts):
-see tests/speculative/tp_spec_check.py for what is checked - greedy chain and tree outputs at tp 2/4/8 equal
+see tests/speculative/tp_spec_check.py for what is checked - greedy chain and tree outputs at tp 4 and 8 equal
 the tp 1 plain engine's on tiny Llama and gpt-oss (kv heads replicated past 2), the draft replicated, each
 program compiled once."""
 
@@ -23,6 +23,5 @@ def test_speculative_greedy_outputs_under_tensor_parallelism_equal_tp1_plain(tmp
     result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "llama", "gpt_oss"],
                             capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    runs = [("llama", "chain", 2), ("llama", "tree", 4), ("llama", "chain", 8), ("gpt_oss", "tree", 2),
-            ("gpt_oss", "chain", 4), ("gpt_oss", "tree", 8)]
-    assert [f"OK {a} {d} tp={tp} " in result.stdout for a, d, tp in runs] == [True] * 6, result.stdout
+    runs = [("llama", "chain", 4), ("llama", "tree", 8), ("gpt_oss", "tree", 4), ("gpt_oss", "chain", 8)]
+    assert [f"OK {a} {d} tp={tp} " in result.stdout for a, d, tp in runs] == [True] * 4, result.stdout
