@@ -24,8 +24,10 @@ PARAMS = [{"temperature": 0, "max_new_tokens": 40, "json_schema": json.dumps(SCH
           {"temperature": 0, "max_new_tokens": 24, "ebnf": 'root ::= ("on" | "off") "=" [a-z]+'},
           {"temperature": 1.0, "seed": 11, "max_new_tokens": 24, "regex": "[a-z]+"},
           {"temperature": 0.7, "seed": 3, "max_new_tokens": 40, "json_schema": json.dumps(SCHEMA)},
-          {"temperature": 0, "max_new_tokens": 16}]
-PROMPTS = [[5, 9, 33, 71], [100, 101, 102], [7, 7, 7, 7, 7], [200, 13], [64, 65, 66, 67], [1, 2, 3]]
+          {"temperature": 0, "max_new_tokens": 16},
+          {"temperature": 0.9, "seed": 4, "frequency_penalty": 0.8, "presence_penalty": 0.3,
+           "max_new_tokens": 24, "regex": "[a-z ]+"}]  # penalties count the drafted path
+PROMPTS = [[5, 9, 33, 71], [100, 101, 102], [7, 7, 7, 7, 7], [200, 13], [64, 65, 66, 67], [1, 2, 3], [9, 8]]
 
 
 @pytest.fixture(scope="module")
