@@ -1,6 +1,6 @@
 """Constrained decoding under EAGLE-3 on a tiny Llama (byte tokenizer, the `copy_pair` draft): the speculative
 engine's outputs equal the plain engine's under the same grammars (JSON schema, regex, EBNF; greedy and
-seeded), and constrained rounds accept drafts."""
+seeded), and constrained rounds accept drafts, with chains and with trees."""
 
 from __future__ import annotations
 
@@ -55,3 +55,13 @@ def test_constrained_outputs_equal_plain_engine_and_accept_drafts(tokenizer, pla
     tokens = sum(i["completion_tokens"] for i in infos)
     assert tokens / sum(i["spec_verify_ct"] for i in infos) > 1.5, [i["spec_accept_lengths"] for i in infos]
 
+
+
+def test_tree_drafting_constrained_outputs_equal_plain_engine(tokenizer, plain):
+    engine = sp.engine("llama", tokenizer=tokenizer, num_steps=3, speculative_eagle_topk=2,
+                       speculative_num_draft_tokens=5)
+    outs = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
+    assert [o["output_ids"] for o in outs] == plain
+    infos = [o["meta_info"] for o in outs[:5]]
+    tokens = sum(i["completion_tokens"] for i in infos)
+    assert tokens / sum(i["spec_verify_ct"] for i in infos) > 1.5, [i["spec_accept_lengths"] for i in infos]
