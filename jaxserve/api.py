@@ -203,9 +203,6 @@ class Engine:
             if self.grammar is None:
                 raise InvalidRequestError(f"request {index}: {params.grammar[0]} needs a grammar backend "
                                           f"(--grammar-backend llguidance) and a tokenizer")
-            if isinstance(self.stepper, EagleStepper) and self.stepper.tree is not None:
-                raise InvalidRequestError(f"request {index}: constrained decoding with EAGLE tree drafting "
-                                          f"(speculative_eagle_topk > 1) is not supported; use a chain")
             self.grammar.compile(*params.grammar)  # a bad grammar is a 400 here, before anything is queued
         if params.prompt_logprobs and isinstance(self.stepper, EagleStepper):
             raise InvalidRequestError(f"request {index}: prompt logprobs are not computed under speculative "

@@ -19,6 +19,13 @@ best-scored first; penalties count the drafted path); the accepted nodes' target
 all layers, both pool groups) to the consecutive slots n+1 .. n+a so that the request's KV stays a plain
 sequence; the draft extends over n .. n+a (a plain causal chain) to give the next round's state.
 
+Constrained rounds (a request in the batch has a grammar): two calls, `tree_draft` (drafting and selection)
+and `tree_verify` (the rest), with the host between them: it reads the selected trees, walks each grammar
+over its tree (`grammar_draft.walk_tree`: per-node masks, forced tokens substituted, nodes the grammar
+refuses cut with their subtrees)
+and verifies with those masks, constrained requests matching the plain sampler's draws (their output is
+the plain engine's, greedy or seeded).
+
 Slots: the scratch is returned before the verify span is allocated, so the verify span of one request may
 reuse another's scratch slots. Safe inside one program: the draft steps read and write the scratch (in the
 draft pool) before the verify and the extend write anything, and data dependence orders them.
@@ -38,6 +45,7 @@ from jaxserve.layers.attention_metadata import SequenceStep, build_attention_met
 from jaxserve.memory.kv_pool import move_kv
 from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
 from jaxserve.speculative.draft_state import extend_and_store
+from jaxserve.speculative.grammar_draft import walk_tree
 from jaxserve.speculative.rejection import count_emitted, path_nodes, verify_tree
 
 _PAD_PARAMS = SamplingParams(temperature=0.0)
@@ -139,11 +147,8 @@ def tree_mask(parents, prefix_lens, max_kv_len: int, num_steps: int):
 @functools.lru_cache(maxsize=16)
 def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, record: bool):
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
-    def tree_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
-                   draft_metas, prefix_lens, meta, ext_meta, sampling):
-        """Draft the trees, select them, verify, walk, count the emitted tokens, move the accepted nodes'
-        target KV to consecutive slots, draft-extend over them and store the next draft state: one call."""
+    def tree_draft(dparams, dpool, states, emb, state_rows, last, draft_metas, prefix_lens):
+        """Draft and select the trees: (draft pool, tokens, parents, depths, children) as `select_tree`."""
         draft = nnx.merge(dgraph, dparams)
         top_ids, top_logp, hidden = (x[state_rows] for x in states)
         if num_steps > 1:
@@ -151,8 +156,14 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, re
                                             prefix_lens, num_steps=num_steps)
         else:
             cands = (top_ids, top_logp, jnp.full(top_ids.shape, -1, jnp.int32))
-        tokens, parents, depths, children = select_tree(*cands, last, num_nodes=num_nodes,
-                                                        num_steps=num_steps, topk=topk)
+        return dpool, *select_tree(*cands, last, num_nodes=num_nodes, num_steps=num_steps, topk=topk)
+
+    def tree_verify(tparams, dparams, pools, dpool, penalties, states, emb, dest, tokens, parents, depths,
+                    children, exact, prefix_lens, meta, ext_meta, sampling):
+        """Verify the selected trees (`exact`: rows walked by matching the plain sampler's draws, see
+        `rejection.verify_tree`; None: none), walk, count the emitted tokens, move the accepted nodes'
+        target KV to consecutive slots, draft-extend over them and store the next draft state."""
+        draft = nnx.merge(dgraph, dparams)
         meta = dataclasses.replace(
             meta, positions=(prefix_lens[:, None] + depths).reshape(-1),
             custom_mask=tree_mask(parents, prefix_lens, meta.max_kv_len, num_steps))
@@ -160,7 +171,7 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, re
         logits, pools, aux = nnx.merge(tgraph, tparams)(tokens.reshape(-1), meta, pools,
                                                         return_all_logits=True)
         verdict = verify_tree(logits, tokens, children, sampling, max_depth=num_steps, pool=penalties,
-                              parents=parents)
+                              parents=parents, exact=exact)
         rows, nodes = tokens.shape
         penalties = count_emitted(penalties, verdict, sampling.penalty_rows.reshape(rows, nodes)[:, 0])
         # accepted node path[j] (verify key index n + path[j]) moves to n + j; the rest are dropped writes
@@ -186,7 +197,19 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, re
             jnp.arange(rows) * nodes + verdict.num_accepted, topk=topk, record=record)
         return pools, dpool, penalties, states, verdict, top1
 
-    return tree_round
+
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
+    def tree_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
+                   draft_metas, prefix_lens, meta, ext_meta, sampling):
+        """`tree_draft` then `tree_verify`: one call, no host sync."""
+        dpool, tokens, parents, depths, children = tree_draft(dparams, dpool, states, emb, state_rows, last,
+                                                              draft_metas, prefix_lens)
+        return tree_verify(tparams, dparams, pools, dpool, penalties, states, emb, dest, tokens, parents,
+                           depths, children, None, prefix_lens, meta, ext_meta, sampling)
+
+    # a constrained round's two halves (the host walks the grammars between them: `grammar_draft`)
+    return (tree_round, jax.jit(tree_draft, donate_argnames=("dpool",)),
+            jax.jit(tree_verify, donate_argnames=("pools", "dpool", "penalties", "states")))
 
 
 def _fit(x: jax.Array, width: int) -> jax.Array:
@@ -208,7 +231,9 @@ class TreeDrafter:
 
     @property
     def num_compiles(self) -> dict[str, int]:
-        return {"tree_round": sum(self._fns(r)._cache_size() for r in (False, True))}
+        variants = [self._fns(r) for r in (False, True)]
+        return {name: sum(f[i]._cache_size() for f in variants)
+                for i, name in enumerate(("tree_round", "tree_draft", "tree_verify"))}
 
     def round(self, reqs, starts):
         """Allocate (the draft scratch borrowed and returned by restoring the allocator state, then the
@@ -251,9 +276,25 @@ class TreeDrafter:
         last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
         prefix = np.zeros(num_rows, np.int32)
         prefix[: len(starts)] = starts
-        w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = self._fns(w.recording)(
-            w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, state_rows, dest,
-            last, draft_metas, prefix, meta, ext_meta, build_sampling_batch(rows, meta.num_tokens))
+        sampling = build_sampling_batch(rows, meta.num_tokens)
+        fns = self._fns(w.recording)
+        if any(r.grammar is not None for r in reqs):
+            w.dpool, *tree = fns[1](w.dparams, w.dpool, w.states, w.emb, state_rows, last, draft_metas,
+                                    prefix)
+            tokens, parents, depths, children = jax.device_get(tree)
+            matchers = [r.grammar for r in reqs]
+            tokens, children, bitmask = walk_tree(matchers, tokens, parents, children,
+                                                  next(m for m in matchers if m is not None).num_words)
+            exact = np.zeros(num_rows, bool)
+            exact[: len(reqs)] = [m is not None for m in matchers]
+            w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = fns[2](
+                w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, dest, tokens,
+                parents, depths, children, exact, prefix, meta, ext_meta,
+                dataclasses.replace(sampling, token_bitmask=bitmask))
+        else:
+            w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = fns[0](
+                w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, state_rows,
+                dest, last, draft_metas, prefix, meta, ext_meta, sampling)
         results = w.results(verdict, reqs)
         w.record_extend(ext_meta, top1, results)
         w.stats["tree_kv_moved"] += sum(int(r - i * nv != j) for i, (_, _, _, vrows, _) in enumerate(results)

@@ -1,5 +1,5 @@
-"""The host's grammar walk along a drafted chain: per verify position the bitmask of the grammar state
-there, and how deep the chain stays inside the grammar.
+"""The host's grammar walk along a drafted chain or tree: per verify position the bitmask of the grammar
+state there, and which drafts stay inside the grammar (`walk_drafts` for chains, `walk_tree` for trees).
 
 A constrained request's round verifies the chain `[x, d1 .. dS]` (x its last output token, already consumed
 by its matcher). Node j's logits choose the token after d_j, so node j is masked by the grammar state after
@@ -71,3 +71,54 @@ def walk_drafts(matchers: Sequence[GrammarMatcher | None], drafts: np.ndarray,
         depth[r] = consumed
         matcher.rollback(consumed)
     return tokens, depth, bitmask
+
+
+def walk_tree(matchers: Sequence[GrammarMatcher | None], tokens: np.ndarray, parents: np.ndarray,
+              children: np.ndarray, num_words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The walk for draft trees: every node's mask is the grammar state after its path from the root. A node
+    whose token its parent's state refuses takes the token that state forces, if it forces one; else (or
+    when a kept sibling already carries that token: siblings keep distinct tokens, or when the parent's
+    grammar has ended) it is cut with its subtree.
+
+    tokens `i32[R, N]`, parents `i32[R, N]` (-1 the root, < -1 padding; a parent precedes its children),
+    children `i32[R, N, K]` (-1 none), as `draft_tree.select_tree` gives them. Returns (tokens with forced
+    ones substituted, children with the cut nodes removed, bitmask `u32[R * N, W]`: node v of request r at
+    row r * N + v, all ones where unconstrained, cut or padding). Every matcher ends as it started.
+    """
+    rows, nodes = tokens.shape
+    tokens = np.array(tokens, np.int32)
+    children = np.array(children, np.int32)
+    bitmask = np.full((rows * nodes, num_words), _ALL, np.uint32)
+    for r, matcher in enumerate(matchers):
+        if matcher is None:
+            continue
+        kept = np.zeros(nodes, bool)
+        ended = np.zeros(nodes, bool)
+        kept[0], ended[0] = True, matcher.stopped
+        matcher.fill(bitmask, r * nodes)
+        for v in range(1, nodes):
+            p = int(parents[r, v])
+            if p < 0 or not kept[p] or ended[p]:
+                continue
+            parent_mask = bitmask[r * nodes + p]
+            if not _allows(parent_mask, int(tokens[r, v])):
+                forced = _forced(parent_mask)
+                if forced is None:
+                    continue
+                tokens[r, v] = forced
+            siblings = (parents[r, :v] == p) & kept[:v]
+            if (tokens[r, :v][siblings] == tokens[r, v]).any():
+                continue
+            path = []
+            u = v
+            while u > 0:
+                path.append(int(tokens[r, u]))
+                u = int(parents[r, u])
+            for token in reversed(path):
+                matcher.advance(token)
+            kept[v], ended[v] = True, matcher.stopped
+            matcher.fill(bitmask, r * nodes + v)
+            matcher.rollback(len(path))
+        cut = (children[r] >= 0) & ~kept[np.maximum(children[r], 0)]
+        children[r][cut] = -1
+    return tokens, children, bitmask

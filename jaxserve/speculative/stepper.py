@@ -56,8 +56,8 @@ forces and cutting the chain at the first draft it refuses, and rolls the matche
 verifies with those masks (the fused round's second half). Constrained requests are walked by matching the
 plain sampler's own draw at each node (same masked logits, same key), so their output equals the plain
 engine's constrained decoding token for token, greedy or seeded; the others verify as in a fused round. The
-matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) takes no
-grammar (the engine refuses such requests).
+matcher then advances over the emitted tokens as they are appended. Tree drafting (`topk > 1`) splits its
+round the same way (`draft_tree`, `grammar_draft.walk_tree`).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
 allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
