@@ -9,8 +9,8 @@ a GPU). A CPU runs the kernels only in Pallas interpret mode, a correctness tool
 `--interpret` adds both there.
 
 Rows: decode steps (every sequence one new token) and mixed steps (one prefill chunk of 1,024 tokens ending
-at the context, plus batch - 1 decodes), batch 1/8/64 x contexts 1k/4k/16k (`--quick`: batch 1/4 x contexts
-64/256, chunk 32). Layout: Llama-3-8B attention (32 query / 8 KV heads of 128, bf16 pool), page size 64 on a
+at the context, plus batch - 1 decodes), batch 1/8/64 x contexts 1k/4k/16k (`--quick`: batch 1/4 x context
+256, chunk 32). Layout: Llama-3-8B attention (32 query / 8 KV heads of 128, bf16 pool), page size 64 on a
 TPU, 16 elsewhere. A call is what a model layer runs: the step's K/V written into the donated pool, then
 attention; the pool is threaded through the calls.
 
@@ -83,7 +83,7 @@ class Sizes:
 
 
 FULL = Sizes(batches=(1, 8, 64), contexts=(1024, 4096, 16384), chunk=1024)
-QUICK = Sizes(batches=(1, 4), contexts=(64, 256), chunk=32)
+QUICK = Sizes(batches=(1, 4), contexts=(256,), chunk=32)
 
 
 def llama_layout(platform: str) -> Layout:
@@ -271,7 +271,7 @@ def default_backends(platform: str, interpret: bool) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backends", nargs="+", default=None, help="default: those this platform runs")
-    parser.add_argument("--quick", action="store_true", help="small sizes (batch 1/4 x contexts 64/256)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (batch 1/4 x context 256)")
     parser.add_argument("--interpret", action="store_true",
                         help="on a CPU, also time the Pallas kernels in interpret mode (slow)")
     parser.add_argument("--repeats", type=int, default=5)

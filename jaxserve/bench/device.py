@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="every stage at tiny sizes (on a CPU: the kernels in interpret mode)")
     parser.add_argument("--kernels", nargs="+", default=None,
                         help="default: the platform's kernel (on a CPU both)")
+    parser.add_argument("--e2e-backends", nargs="+", default=None,
+                        help="the end-to-end stage's backends besides native (default: --kernels)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     platform = jax.default_backend()
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     timings = bench(["native", "xla", *kernels], layout, sizes=sizes, repeats=args.repeats,
                     budget_s=args.budget_s, bandwidth=bandwidth, interpret=interpret)
     print()
-    e2e = gpt_oss_e2e.bench(kernels, num_layers=args.layers, tiny=args.tiny,
+    e2e = gpt_oss_e2e.bench(args.e2e_backends or kernels, num_layers=args.layers, tiny=args.tiny,
                             **(gpt_oss_e2e.TINY_SIZES if args.tiny else {}))
     summary(ok, timings, layout, sizes, bandwidth, kernels, e2e, time.perf_counter() - started)
 

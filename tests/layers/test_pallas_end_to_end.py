@@ -5,7 +5,7 @@ Two targets, each with an EAGLE-3 head drafting chains (3 steps) and trees (top-
 - the speculative tests' tiny Llama (`spec_pairs`, full attention) with its copy head.
 Prefill chunks, radix-cache hits (the second batch shares the first prompt's prefix), chain and tree
 verification (the tree under the custom mask) and the draft head's own attention all run on the kernel.
-Page size 16; the prompts cross the window and several 64-token chunks. The reference is the plain
+Page size 16; the prompts cross the window and several 16-token chunks. The reference is the plain
 (non-speculative) engine on `native`, run once per target: speculative decoding is lossless, so every
 chain and tree run must reproduce native's greedy tokens. Each run must accept some drafts and hit the
 cache, so a kernel bug on the verify or cached-prefix path cannot hide behind a case that never reaches it.
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
 DRAFTING = {"chain": dict(speculative_num_steps=3),
             "tree": dict(speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=4)}
-PAGE_SIZE, CHUNK, MAX_RUNNING = 16, 64, 4
+PAGE_SIZE, CHUNK, MAX_RUNNING = 16, 16, 4  # one token bucket (16): each engine compiles each program once
 
 
 @functools.cache
