@@ -12,12 +12,12 @@ import openai
 import pytest
 
 from jaxserve.server import harmony
-from tests.server.checkpoint import GPT_OSS
+from tests.server.checkpoint import GPT_OSS, write_harmony_tokenizer
+from tests.server.checkpoint import HARMONY_SPECIALS as SPECIALS
 from tests.server.conftest import ServerProcess, assert_kv_baseline, flags_of
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
-SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
 # gpt-oss's template, reduced to what this checks: tools and reasoning effort in the system message, roles
 TEMPLATE = (
     "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}"
@@ -36,22 +36,12 @@ CALL = ('start: <|channel|> "analysis" <|message|> "need weather" <|end|> <|star
 
 
 def _write_harmony_checkpoint(directory) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from tests.models.helpers import make_hf_checkpoint
 
     make_hf_checkpoint(directory, "gpt_oss", seed=0, vocab_size=512, max_position_embeddings=512,
                        eos_token_id=[SPECIALS.index("<|return|>"), SPECIALS.index("<|call|>")],
                        bos_token_id=None, **{k: v for k, v in GPT_OSS.items()})
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the user greets hello there need weather analysis final commentary json "
-                             "functions get_weather city Paris assistant system user"] * 20, trainer)
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    write_harmony_tokenizer(directory, TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,8 @@ def test_malformed_call_is_returned_as_text(served):
     ('a<tool_call>{"name": "f"', False, "a", []),
     ("a<tool_", False, "a", []),
     ("a<tool_call>[1]</tool_call>", True, "a<tool_call>[1]</tool_call>", []),
+    ('<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g"}</tool_call>', True, "",
+     [("f", "{}"), ("g", "{}")]),
 ])
 def test_parser_on_written_outputs(text, finished, content, calls):
     parsed = tool_calls.parse(text, finished=finished)
