@@ -5,8 +5,9 @@ The grammar admits only tool calls in the model's own call format, each call's a
 tool's `parameters` JSON schema (laid out as `json.dumps` does, no free whitespace):
 - `<tool_call>` blocks (Qwen / Hermes templates, read by `tool_calls`): one block, or with parallel calls one
   or more separated by a newline, each `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`;
-- harmony (gpt-oss, read by `harmony`): an optional reasoning message on the analysis channel, then one call
-  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`.
+- harmony (gpt-oss, read by `harmony`): one call `<|channel|>commentary to=functions.NAME <|constrain|>json
+  <|message|>ARGS<|call|>` straight away. No reasoning message comes first: free reasoning text need not end
+  within `max_tokens` (a random model's does not), and the call is then never written.
 "required" allows any of the request's tools, a named choice only that one. Tool names are OpenAI's
 `[a-zA-Z0-9_-]{1,64}`, so that they sit in the grammar's string literals as they are.
 """
@@ -65,9 +66,7 @@ def tag_grammar(tools: dict[str, dict[str, Any]], *, parallel: bool) -> str:
 def harmony_grammar(tools: dict[str, dict[str, Any]]) -> str:
     """Lark source admitting a harmony call of one of `tools` (see the module docstring)."""
     calls = " | ".join(f"call_{i}" for i in range(len(tools)))
-    lines = ["start: analysis? call",
-             'analysis: <|channel|> "analysis" <|message|> /(?s:.*)/ <|end|> <|start|> "assistant"',
-             f'call: <|channel|> "commentary to=functions." ({calls})']
+    lines = [f'start: <|channel|> "commentary to=functions." ({calls})']
     for i, (name, parameters) in enumerate(tools.items()):
         lines.append(f'call_{i}: "{name} " <|constrain|> "json" <|message|> args_{i} <|call|>')
         lines.append(f"args_{i}: %json {json.dumps({**parameters, **_LAYOUT})}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import openai
 import pytest
 
@@ -84,6 +85,30 @@ def test_tool_call_is_returned_as_tool_calls_also_streamed(oai):
 
     with httpx.Client(base_url=proc.url) as http:
         assert_kv_baseline(http)
+
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": CITY}}
+
+
+def test_required_and_named_tool_choice_give_a_valid_call(oai):
+    """The random model, left to itself, writes no call; "required" and a named function make it call on
+    the commentary channel with arguments valid for the tool's schema (plain and streamed)."""
+    client, _ = oai
+    kwargs = dict(model="any", messages=MESSAGES, max_tokens=120, temperature=0, tools=[WEATHER, FORECAST])
+    assert not client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    named = {"type": "function", "function": {"name": "forecast"}}
+    for choice, allowed in (("required", {"get_weather", "forecast"}), (named, {"forecast"})):
+        out = client.chat.completions.create(**kwargs, tool_choice=choice)
+        [call] = out.choices[0].message.tool_calls
+        assert call.function.name in allowed and out.choices[0].finish_reason == "tool_calls"
+        schema = CITY if call.function.name == "forecast" else WEATHER["function"]["parameters"]
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice=named, stream=True))
+    [streamed] = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+    assert (streamed.function.name, streamed.function.arguments) == ("forecast", call.function.arguments)
 
 
 @pytest.mark.parametrize("text,finished,expected", [
