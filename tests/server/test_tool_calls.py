@@ -126,8 +126,9 @@ def test_required_and_named_tool_choice_are_enforced(served):
     ({"tool_choice": "required"}, "needs a non-empty 'tools' list"),
     ({"tools": BOUNDED, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "'nope', which is not in 'tools'"),
-    ({"tools": BOUNDED, "tool_choice": {"type": "function"}}, "tool_choice"),
-    ({"tools": BOUNDED, "tool_choice": "always"}, "tool_choice"),
+    ({"tools": BOUNDED, "tool_choice": {"type": "function"}},
+     "tool_choice.NamedToolChoice.function: Field required"),
+    ({"tools": BOUNDED, "tool_choice": "always"}, "Input should be 'auto', 'none' or 'required'"),
     ({"tools": BOUNDED, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "cannot be combined with response_format"),
 ])
