@@ -57,8 +57,11 @@ def tag_grammar(tools: dict[str, dict[str, Any]], *, parallel: bool) -> str:
     lines = ['start: block ("\\n" block)*' if parallel else "start: block",
              f'block: "<tool_call>\\n" ({calls}) "\\n</tool_call>"']
     for i, (name, parameters) in enumerate(tools.items()):
-        body = {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
-                "required": ["name", "arguments"], "additionalProperties": False, **_LAYOUT}
+        # the parameters' definitions move to the root, where their "#/$defs/..." references point
+        defs = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
+        arguments = {k: v for k, v in parameters.items() if k not in defs}
+        body = {"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
+                "required": ["name", "arguments"], "additionalProperties": False, **defs, **_LAYOUT}
         lines.append(f"call_{i}: %json {json.dumps(body)}")
     return "\n".join(lines) + "\n"
 

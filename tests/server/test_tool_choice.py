@@ -24,9 +24,13 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -99, "maximum": 99},
                                         "b": {"type": "boolean"}},
        "required": ["a", "b"], "additionalProperties": False}
+# definitions referenced from the parameters, as pydantic writes them
+MOVE = {"type": "object", "$defs": {"Dir": {"enum": ["up", "down"]}},
+        "properties": {"dir": {"$ref": "#/$defs/Dir"}}, "required": ["dir"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+         {"type": "function", "function": {"name": "add", "parameters": ADD}},
+         {"type": "function", "function": {"name": "move", "parameters": MOVE}}]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD, "move": MOVE}
 
 
 def _walk(backend: GrammarBackend, tok: HFTokenizer, source: str, vocab: int, seed: int,
@@ -70,7 +74,7 @@ def test_tool_call_blocks_parse_and_validate(embedded, name, parallel):
     tools = tool_choice.chosen_tools(TOOLS, required=name is None, name=name)
     source = tool_choice.tag_grammar(tools, parallel=parallel)
     counts, names = set(), set()
-    for seed in range(12):
+    for seed in range(30):
         text = _walk(backend, tok, source, 1024, seed, set(tok.eos_token_ids), set(tok.eos_token_ids))
         parsed = tool_calls.parse(text, finished=True)
         assert parsed.content == "" and text.startswith(tool_calls.OPEN)
