@@ -282,7 +282,8 @@ class ChatCompletionRequest(_OpenAISampling):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # accepted; every call the model makes is returned
+    # every call the model makes is returned; false limits a forced tool_choice to one call
+    parallel_tool_calls: StrictBool | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")

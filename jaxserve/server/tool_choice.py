@@ -5,9 +5,10 @@ The grammar admits only tool calls in the model's own call format, each call's a
 tool's `parameters` JSON schema (laid out as `json.dumps` does, no free whitespace):
 - `<tool_call>` blocks (Qwen / Hermes templates, read by `tool_calls`): one block, or with parallel calls one
   or more separated by a newline, each `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`;
-- harmony (gpt-oss, read by `harmony`): one call `<|channel|>commentary to=functions.NAME <|constrain|>json
-  <|message|>ARGS<|call|>` straight away. No reasoning message comes first: free reasoning text need not end
-  within `max_tokens` (a random model's does not), and the call is then never written.
+- harmony (gpt-oss, read by `harmony`): one call straight away,
+  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`. No reasoning message
+  comes first: free reasoning text need not end within `max_tokens` (a random model's does not), and the
+  call would then never be written.
 "required" allows any of the request's tools, a named choice only that one. Tool names are OpenAI's
 `[a-zA-Z0-9_-]{1,64}`, so that they sit in the grammar's string literals as they are.
 """
