@@ -260,6 +260,17 @@ class ChatMessage(_Strict):
         return "".join(parts)
 
 
+class FunctionName(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    """`tool_choice` naming the one function the answer must call."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_OpenAISampling):
     """`/v1/chat/completions`: `messages` rendered with the model's chat template. `logprobs` reports each
     token's logprob, `top_logprobs` (0..20) the most likely tokens at each step."""
@@ -270,8 +281,9 @@ class ChatCompletionRequest(_OpenAISampling):
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | None = None  # "required" and named functions: not yet
-    parallel_tool_calls: StrictBool | None = None  # accepted; every call the model makes is returned
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    # every call the model makes is returned; false limits a forced tool_choice to one call
+    parallel_tool_calls: StrictBool | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
@@ -279,6 +291,11 @@ class ChatCompletionRequest(_OpenAISampling):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The function a named `tool_choice` requires (None for the string choices)."""
+        return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
 
     def template_variables(self) -> dict[str, Any]:
         """`tools` (unless tool_choice is "none") and `reasoning_effort` for the chat template."""

@@ -7,7 +7,9 @@ and `reasoning_effort` as template variables), tokenized without adding special 
 them); a model without a template answers 400. A model whose tokenizer has harmony's special tokens
 (gpt-oss) answers with `content`, `reasoning_content` and `tool_calls` read from its output channels
 (`harmony`); with `tools`, a model whose template writes `<tool_call>` blocks has them read into
-`tool_calls` (`tool_calls`); otherwise the text is the `content`.
+`tool_calls` (`tool_calls`); otherwise the text is the `content`. `tool_choice` "required" or a named
+function is enforced by a grammar over the model's call format (`tool_choice`); it cannot be combined with
+another grammar (`response_format`, `json_schema`, `regex`, `ebnf`).
 `n` choices per prompt share its prefill (`parallel`); a list of prompts in /v1/completions gives
 `len(prompts) * n` choices, prompt-major. Logprobs are of the model's raw distribution
 (`jaxserve.sampling.logprobs`). Usage counts every prompt once and every choice's output.
@@ -22,7 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from jaxserve.server import grammars, harmony, openai_logprobs, parallel, streaming, tool_calls
+from jaxserve.server import grammars, harmony, openai_logprobs, parallel, streaming, tool_calls, tool_choice
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
 from jaxserve.server.protocol import (
@@ -34,6 +36,7 @@ from jaxserve.server.protocol import (
 )
 
 router = APIRouter()
+_GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")  # sampling params that constrain the output
 
 
 def _finish_reason(meta: dict) -> str | None:
@@ -67,14 +70,38 @@ async def model(model_id: str, request: Request) -> dict:
     return _model_card(state)
 
 
-async def _params(state, body, max_new_tokens: int | None) -> dict[str, Any]:
-    """The request's sampling params, its grammar (if any) compiled off the engine thread."""
+async def _params(state, body, max_new_tokens: int | None,
+                  grammar: dict[str, str] | None = None) -> dict[str, Any]:
+    """The request's sampling params, its grammar (if any; `grammar` is the tool choice's) compiled off the
+    engine thread."""
     try:
         params = body.sampling_params(max_new_tokens)
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
+    if grammar:
+        if any(k in params for k in _GRAMMAR_KINDS):
+            raise APIError(400, "tool_choice 'required' or a named function cannot be combined with "
+                                "response_format, json_schema, regex or ebnf")
+        params.update(grammar)
     await grammars.precompile(state.loop, [params])
     return params
+
+
+def _tool_grammar(state, body: ChatCompletionRequest) -> dict[str, str]:
+    """{"ebnf": source} enforcing a "required" or named `tool_choice`; {} for the other choices."""
+    try:
+        tools = tool_choice.chosen_tools(body.tools, required=body.tool_choice == "required",
+                                         name=body.forced_tool)
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
+    if not tools:
+        return {}
+    if harmony.is_harmony(state.loop.engine.tokenizer):
+        return {"ebnf": tool_choice.harmony_grammar(tools)}
+    if tool_calls.uses_tool_call_tags(state.chat_template.source):
+        return {"ebnf": tool_choice.tag_grammar(tools, parallel=body.parallel_tool_calls is not False)}
+    raise APIError(400, "tool_choice 'required' or a named function needs a model that writes tool calls "
+                        "(a harmony model, or a chat template with <tool_call> blocks); this one does not")
 
 
 def _tokenizer(state):
@@ -117,7 +144,7 @@ async def completions(body: CompletionRequest, request: Request):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.server
     text = _rendered_chat(state, body.messages, body.template_variables())
-    params = await _params(state, body, body.max_new_tokens)
+    params = await _params(state, body, body.max_new_tokens, _tool_grammar(state, body))
     if harmony.is_harmony(state.loop.engine.tokenizer):
         params["skip_special_tokens"] = False  # the channels are read from the special tokens
     ids = await state.loop.call(lambda engine: engine.tokenizer.encode(text, add_special_tokens=False))

@@ -4,7 +4,8 @@ the model's template mentions `<tool_call>`). gpt-oss writes harmony instead (`h
 
 A block whose body is not a JSON object with a string `name` stays in the content as text: a tool-call
 parse failure returns the text, never an error. While the output runs, everything from the first
-`<tool_call>` on is held back (it may become a call), so `content` only grows.
+`<tool_call>` on is held back (it may become a call), so `content` only grows. Blank text between two
+calls (parallel calls one a line) is no content.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def parse(text: str, *, finished: bool) -> Parsed:
         call = _call(block.group(1))
         if call is None:
             continue  # stays in the text
-        out.content += text[pos:block.start()]
+        between = text[pos:block.start()]
+        if not (out.tool_calls and between.isspace()):  # blank between calls: no content
+            out.content += between
         out.tool_calls.append(call)
         pos = block.end()
     out.content += text[pos:]

@@ -43,6 +43,27 @@ def write_trained_tokenizer(directory: Path, *, chat_template: bool = True) -> N
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+# harmony's special tokens, in id order 0..6 of `write_harmony_tokenizer`'s tokenizer
+HARMONY_SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
+                    "<|call|>"]
+
+
+def write_harmony_tokenizer(directory: Path, chat_template: str) -> None:
+    """A 512-id byte-level BPE whose first ids are `HARMONY_SPECIALS` (a gpt-oss tokenizer in miniature),
+    with `chat_template`, as tokenizer.json and tokenizer_config.json in `directory`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=HARMONY_SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the user greets hello there need weather analysis final commentary json "
+                             "functions get_weather city Paris assistant system user"] * 20, trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": chat_template}))
+
+
 # Tiny gpt-oss: sliding window 8 on alternate layers, attention sinks, MoE (hybrid KV pools + SWA radix tree),
 # the architecture of the embedded default.
 GPT_OSS = dict(num_hidden_layers=3, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import openai
 import pytest
 
 from jaxserve.server import harmony
-from tests.server.checkpoint import GPT_OSS
+from tests.server.checkpoint import GPT_OSS, write_harmony_tokenizer
+from tests.server.checkpoint import HARMONY_SPECIALS as SPECIALS
 from tests.server.conftest import ServerProcess, assert_kv_baseline, flags_of
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
-SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
 # gpt-oss's template, reduced to what this checks: tools and reasoning effort in the system message, roles
 TEMPLATE = (
     "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}"
@@ -36,22 +37,12 @@ CALL = ('start: <|channel|> "analysis" <|message|> "need weather" <|end|> <|star
 
 
 def _write_harmony_checkpoint(directory) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from tests.models.helpers import make_hf_checkpoint
 
     make_hf_checkpoint(directory, "gpt_oss", seed=0, vocab_size=512, max_position_embeddings=512,
                        eos_token_id=[SPECIALS.index("<|return|>"), SPECIALS.index("<|call|>")],
                        bos_token_id=None, **{k: v for k, v in GPT_OSS.items()})
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the user greets hello there need weather analysis final commentary json "
-                             "functions get_weather city Paris assistant system user"] * 20, trainer)
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    write_harmony_tokenizer(directory, TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +85,30 @@ def test_tool_call_is_returned_as_tool_calls_also_streamed(oai):
 
     with httpx.Client(base_url=proc.url) as http:
         assert_kv_baseline(http)
+
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": CITY}}
+
+
+def test_required_and_named_tool_choice_give_a_valid_call(oai):
+    """The random model, left to itself, writes no call; "required" and a named function make it call on
+    the commentary channel with arguments valid for the tool's schema (plain and streamed)."""
+    client, _ = oai
+    kwargs = dict(model="any", messages=MESSAGES, max_tokens=120, temperature=0, tools=[WEATHER, FORECAST])
+    assert not client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    named = {"type": "function", "function": {"name": "forecast"}}
+    for choice, allowed in (("required", {"get_weather", "forecast"}), (named, {"forecast"})):
+        out = client.chat.completions.create(**kwargs, tool_choice=choice)
+        [call] = out.choices[0].message.tool_calls
+        assert call.function.name in allowed and out.choices[0].finish_reason == "tool_calls"
+        schema = CITY if call.function.name == "forecast" else WEATHER["function"]["parameters"]
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice=named, stream=True))
+    [streamed] = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+    assert (streamed.function.name, streamed.function.arguments) == ("forecast", call.function.arguments)
 
 
 @pytest.mark.parametrize("text,finished,expected", [

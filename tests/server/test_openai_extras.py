@@ -57,6 +57,16 @@ def test_bad_openai_fields_get_a_clear_400(client, body, message):
     assert_kv_baseline(client)
 
 
+def test_forced_tool_choice_needs_a_model_that_writes_calls(client):
+    """The shared model's template writes no `<tool_call>` blocks and it is no harmony model: a call cannot be
+    forced, which is a 400 rather than an unconstrained answer."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "tools": [tool],
+                                                  "tool_choice": "required"})
+    assert r.status_code == 400 and "needs a model that writes tool calls" in r.json()["message"], r.text
+    assert_kv_baseline(client)
+
+
 def test_harmless_fields_are_accepted_and_change_nothing(oai, reference):
     out = oai.completions.create(model="any", prompt="Hello world", max_tokens=6, temperature=0, user="u1",
                                  extra_body={"store": False, "metadata": {"k": "v"}, "service_tier": "auto"})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -74,7 +75,65 @@ def test_malformed_call_is_returned_as_text(served):
     ('a<tool_call>{"name": "f"', False, "a", []),
     ("a<tool_", False, "a", []),
     ("a<tool_call>[1]</tool_call>", True, "a<tool_call>[1]</tool_call>", []),
+    ('<tool_call>{"name": "f"}</tool_call>\n<tool_call>{"name": "g"}</tool_call>', True, "",
+     [("f", "{}"), ("g", "{}")]),
 ])
 def test_parser_on_written_outputs(text, finished, content, calls):
     parsed = tool_calls.parse(text, finished=finished)
     assert parsed.content == content and [(c.name, c.arguments) for c in parsed.tool_calls] == calls
+
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+SUM = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -9, "maximum": 9},
+                                        "b": {"type": "boolean"}},
+       "required": ["a", "b"], "additionalProperties": False}
+BOUNDED = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}},
+           {"type": "function", "function": {"name": "add", "parameters": SUM}}]
+
+
+def test_required_and_named_tool_choice_are_enforced(served):
+    """The random model, left to itself ("auto"), writes no call; "required" and a named function make it
+    call (plain and streamed), with arguments valid for the chosen tool's schema; "none" reads no calls."""
+    client, proc = served
+    schemas = {"get_weather": CITY, "add": SUM}
+    kwargs = dict(model="any", messages=MESSAGES, max_tokens=80, temperature=0, tools=BOUNDED)
+    free = client.chat.completions.create(**kwargs)
+    assert not free.choices[0].message.tool_calls  # so a call below is the grammar's doing
+    named = {"type": "function", "function": {"name": "add"}}
+    for choice, allowed in (("required", {"get_weather", "add"}), (named, {"add"})):
+        for parallel in (False, True):
+            out = client.chat.completions.create(**kwargs, tool_choice=choice, parallel_tool_calls=parallel)
+            calls = out.choices[0].message.tool_calls
+            assert calls and out.choices[0].finish_reason == "tool_calls", out.choices[0].message
+            assert not out.choices[0].message.content and (parallel or len(calls) == 1)
+            for call in calls:
+                assert call.function.name in allowed
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    chunks = list(client.chat.completions.create(**kwargs, tool_choice=named, parallel_tool_calls=False,
+                                                 stream=True))
+    [streamed] = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+    assert (streamed.function.name, streamed.function.arguments) == (calls[0].function.name,
+                                                                     calls[0].function.arguments)
+    none = client.chat.completions.create(**kwargs, tool_choice="none")
+    assert not none.choices[0].message.tool_calls and none.choices[0].finish_reason != "tool_calls"
+    with httpx.Client(base_url=proc.url) as http:
+        assert_kv_baseline(http)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"tool_choice": "required"}, "needs a non-empty 'tools' list"),
+    ({"tools": BOUNDED, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "'nope', which is not in 'tools'"),
+    ({"tools": BOUNDED, "tool_choice": {"type": "function"}},
+     "tool_choice.NamedToolChoice.function: Field required"),
+    ({"tools": BOUNDED, "tool_choice": "always"}, "Input should be 'auto', 'none' or 'required'"),
+    ({"tools": BOUNDED, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "cannot be combined with response_format"),
+])
+def test_bad_tool_choice_is_a_400(served, extra, message):
+    client, _ = served
+    with pytest.raises(openai.BadRequestError, match=message):
+        client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=8, **extra)
+    assert client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=2).choices  # still up
