@@ -119,8 +119,11 @@ sharded = load_model(sys.argv[1], sharding_for=sharding_for)
 kernel = sharded.layers[0].attn.q_proj.kernel[...]
 assert kernel.sharding.spec == P(None, "tp") and len(kernel.sharding.device_set) == 2, kernel.sharding
 ids = random_ids(30, plain.config.vocab_size, seed=0)
-diff = np.abs(full_logits(Runner(plain), ids)[0] - full_logits(Runner(sharded), ids)[0]).max()
-assert diff < 1e-5, diff
+ref = full_logits(Runner(plain), ids)[0]
+diff = np.abs(ref - full_logits(Runner(sharded), ids)[0]).max()
+# The split matmuls add their two halves in another order: fp32 rounding of ~1e-6 of the logits' scale
+# (which varies with the CPU's vector width); a misplaced shard moves logits by O(1).
+assert diff < 1e-5 * max(1.0, float(np.abs(ref).max())), diff
 print("OK", diff)
 """
 

@@ -127,9 +127,15 @@ def test_jitted_forward_with_donated_pool_equals_eager(draft):
     forward, params = make_draft_forward(model)
     pool = make_draft_pool(model.config, 4, 4, np.float32)
     logits, hidden, new_pool = forward(params, ids_p, aux_p, meta, pool, embedding)
-    np.testing.assert_allclose(np.asarray(hidden), np.asarray(eager[1]), rtol=1e-5, atol=1e-5)
+    # jit fuses and reorders fp32 sums, so agreement is to rounding at the values' scale (hidden values
+    # reach ~30 here; XLA's CPU code differs per vector width), not bit-exact.
+    def close(actual, desired):
+        np.testing.assert_allclose(np.asarray(actual), np.asarray(desired), rtol=1e-5,
+                                   atol=1e-5 * max(1.0, float(np.abs(np.asarray(desired)).max())))
+
+    close(hidden, eager[1])
     assert pool.data.is_deleted()  # donated
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(eager[0]), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(new_pool.data), np.asarray(eager[2].data), rtol=1e-5, atol=1e-5)
+    close(logits, eager[0])
+    close(new_pool.data, eager[2].data)
     forward(params, ids_p, aux_p, meta, new_pool, embedding)
     assert forward._cache_size() == 1
