@@ -56,10 +56,13 @@ def experts_dense(x, weights, experts, gate_up_proj, gate_up_bias, down_proj, do
     """All experts on all tokens, then combined. x [T, H]; weights/experts [T, k]. Returns [T, H]."""
     num_experts = gate_up_proj.shape[0]
     gate_up = jnp.einsum("th,ehi->tei", x, gate_up_proj) + gate_up_bias
-    out = jnp.einsum("tei,eih->teh", clamped_swiglu(gate_up, limit, alpha), down_proj) + down_bias
     # combine[t, e] = routing weight of expert e for token t (0 if e is not among its top-k)
     combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=weights.dtype) * weights[..., None], axis=1)
-    return jnp.einsum("te,teh->th", combine.astype(out.dtype), out)
+    combine = combine.astype(gate_up.dtype)
+    # weighted before down_proj, its bias after: one contraction over (expert, intermediate), so experts or
+    # their intermediate dimension split over devices reduce once, the [T, H] output, not [T, E, H]
+    hidden = clamped_swiglu(gate_up, limit, alpha) * combine[..., None]
+    return jnp.einsum("tei,eih->th", hidden, down_proj) + combine @ down_bias
 
 
 def experts_sorted(x, weights, experts, gate_up_proj, gate_up_bias, down_proj, down_bias, limit, alpha):
