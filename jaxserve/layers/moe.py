@@ -12,8 +12,9 @@ Weights are input-major (x @ W), as in the Hugging Face checkpoint after MXFP4 d
 gate_up_proj [E, H, 2I], down_proj [E, I, H].
 
 Two dispatch strategies with the same result (up to float summation order), and "auto" choosing one:
-- "dense": every token runs through every expert, then the outputs are combined with a [T, E] weight matrix
-  that is zero outside the top-k. Cost O(T * E * H * I), E/k times the useful work, and [T, E, 2I]
+- "dense": every token runs through every expert; each expert's activations are weighted by a [T, E] matrix
+  that is zero outside the top-k before one down projection summing over experts (the down bias added
+  after, weighted the same). Cost O(T * E * H * I), E/k times the useful work, and [T, E, 2I]
   activations. Simple einsums; the faster choice on CPU (below).
 - "sorted": the T*k (token, expert) assignments are sorted by expert and each expert multiplies only its
   contiguous group (`jax.lax.ragged_dot`). Cost O(T * k * H * I) plus an argsort of T*k ids and two gathers

@@ -96,9 +96,9 @@ def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp:
     if owner in _ROW:  # kernel [in, out]: the input features; the bias is added once, after the reduce
         return on(0) if leaf == "kernel" else P()
     if owner == "mlp" and leaf in _EXPERTS and 1 < ep < tp:  # experts on ep, intermediate on etp
-        experts = EP if shape[0] % ep == 0 else None
         if leaf == "down_proj_bias":  # replicated as at ep 1: each device adds its tokens' bias locally
             return P()
+        experts = EP if shape[0] % ep == 0 else None
         intermediate = shape[1] if leaf == "down_proj" else shape[-1] // 2  # gate_up: 2I interleaved
         inner = ETP if intermediate % (tp // ep) == 0 else None
         if leaf == "down_proj":
