@@ -51,9 +51,11 @@ class ServerArgs:
     weights sharded per `jaxserve.models.sharding` (placed at load time), KV pools sharded on kv heads,
     attention per shard under shard_map; the host cache, allocators and scheduler stay single. With
     speculative decoding the EAGLE-3 draft is replicated on every device (`speculative.stepper`).
-    ep_size: how MoE experts (gpt-oss) split over the same tp devices: tp_size (None, the default) gives
-    each device tp_size-th of the experts, whole; 1 splits every expert's intermediate dimension across the
-    devices instead. Other values are refused (`models.sharding.expert_parallel_sizes`).
+    ep_size: how MoE experts (gpt-oss) split over the same tp devices, a divisor of tp_size: tp_size
+    (None, the default) gives each device tp_size-th of the experts, whole; 1 splits every expert's
+    intermediate dimension across the devices instead; one between does both (ep_size groups of experts,
+    each expert's intermediate dimension over the tp_size / ep_size devices of its group). Other values are
+    refused (`models.sharding.expert_parallel_sizes`).
     mem_fraction_static: size the KV pools from device memory instead of `max_total_tokens` (SGLang's
     flag): weights and pools may take this fraction of the device, and the pools also leave the measured
     activation peak of the largest bucket free (`jaxserve.engine.memory_plan`); an explicit

@@ -12,8 +12,9 @@ Weights are input-major (x @ W), as in the Hugging Face checkpoint after MXFP4 d
 gate_up_proj [E, H, 2I], down_proj [E, I, H].
 
 Two dispatch strategies with the same result (up to float summation order), and "auto" choosing one:
-- "dense": every token runs through every expert, then the outputs are combined with a [T, E] weight matrix
-  that is zero outside the top-k. Cost O(T * E * H * I), E/k times the useful work, and [T, E, 2I]
+- "dense": every token runs through every expert; each expert's activations are weighted by a [T, E] matrix
+  that is zero outside the top-k before one down projection summing over experts (the down bias added
+  after, weighted the same). Cost O(T * E * H * I), E/k times the useful work, and [T, E, 2I]
   activations. Simple einsums; the faster choice on CPU (below).
 - "sorted": the T*k (token, expert) assignments are sorted by expert and each expert multiplies only its
   contiguous group (`jax.lax.ragged_dot`). Cost O(T * k * H * I) plus an argsort of T*k ids and two gathers
@@ -56,10 +57,13 @@ def experts_dense(x, weights, experts, gate_up_proj, gate_up_bias, down_proj, do
     """All experts on all tokens, then combined. x [T, H]; weights/experts [T, k]. Returns [T, H]."""
     num_experts = gate_up_proj.shape[0]
     gate_up = jnp.einsum("th,ehi->tei", x, gate_up_proj) + gate_up_bias
-    out = jnp.einsum("tei,eih->teh", clamped_swiglu(gate_up, limit, alpha), down_proj) + down_bias
     # combine[t, e] = routing weight of expert e for token t (0 if e is not among its top-k)
     combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=weights.dtype) * weights[..., None], axis=1)
-    return jnp.einsum("te,teh->th", combine.astype(out.dtype), out)
+    combine = combine.astype(gate_up.dtype)
+    # weighted before down_proj, its bias after: one contraction over (expert, intermediate), so experts or
+    # their intermediate dimension split over devices reduce once, the [T, H] output, not [T, E, H]
+    hidden = clamped_swiglu(gate_up, limit, alpha) * combine[..., None]
+    return jnp.einsum("tei,eih->th", hidden, down_proj) + combine @ down_bias
 
 
 def experts_sorted(x, weights, experts, gate_up_proj, gate_up_bias, down_proj, down_bias, limit, alpha):

@@ -6,12 +6,17 @@ Parameters (`param_spec`, Megatron-style; a dimension that `tp` does not divide 
   bias `P("tp")`); o_proj and down_proj: row-parallel (kernel `P("tp", None)`, bias replicated, XLA adds
   the all-reduce); k/v when `num_kv_heads < tp`: replicated (every shard computes all kv heads, keeps its
   own, see below);
-- gpt-oss experts, on the same axis, as `ep_size` says (`expert_parallel_sizes`): ep = tp (the default)
-  shards whole experts (`[E, ...]` -> `P("tp", ...)`: each shard holds E/tp experts); ep = 1 shards every
-  expert's intermediate dimension instead (gate_up_proj `[E, H, 2I]` and its bias on the 2I columns,
-  down_proj `[E, I, H]` on I: row-parallel, its bias replicated; gate/up columns are interleaved, so a
-  block of 2I/tp columns holds whole (gate, up) pairs, the same I/tp rows of down_proj); router
-  replicated; sinks `[H]` follow their q heads;
+- gpt-oss experts, on the same devices, as `ep_size` says (`expert_parallel_sizes`): ep = tp (the
+  default) shards whole experts (`[E, ...]` -> `P("tp", ...)`: each shard holds E/tp experts); ep = 1
+  shards every expert's intermediate dimension instead (gate_up_proj `[E, H, 2I]` and its bias on the 2I
+  columns, down_proj `[E, I, H]` on I: row-parallel, its bias replicated; gate/up columns are interleaved,
+  so a block of 2I/tp columns holds whole (gate, up) pairs, the same I/tp rows of down_proj); an ep
+  strictly between splits both ways on `expert_mesh`, the tp devices viewed as `("ep", "etp")` =
+  (ep, tp/ep) in the same order: ep groups of tp/ep consecutive devices, group g holding experts
+  [g E/ep, (g+1) E/ep), each device of a group 1/(tp/ep) of their intermediate dimension as at ep 1
+  (down_proj's bias replicated). At every ep the layer's all-reduces are of its [tokens, hidden] output
+  (`layers.moe.experts_dense` contracts experts and intermediate dimension in one einsum and adds the
+  down bias after); router replicated; sinks `[H]` follow their q heads;
 - embedding `[V, H]`: vocab-parallel `P("tp", None)`; lm_head kernel `[H, V]`: `P(None, "tp")`;
 - norms: replicated.
 
@@ -41,6 +46,7 @@ from jaxserve.models.kv_layout import KVLayout, KVPools
 from jaxserve.models.weight_spec import ParamPath
 
 TP = "tp"
+EP, ETP = "ep", "etp"  # the axes of `expert_mesh`: expert groups, and tp within a group
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
 _EXPERTS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
@@ -55,16 +61,23 @@ def make_tp_mesh(tp_size: int) -> Mesh:
 
 
 def expert_parallel_sizes(tp: int) -> tuple[int, ...]:
-    """The `ep_size` values a `tp`-way mesh takes: tp (whole experts per shard) or 1 (every expert split
-    on its intermediate dimension)."""
-    return tuple(sorted({1, tp}, reverse=True))
+    """The `ep_size` values a `tp`-way mesh takes, largest first: the divisors of tp - tp (whole experts
+    per shard), 1 (every expert split on its intermediate dimension) and those between (both)."""
+    return tuple(ep for ep in range(tp, 0, -1) if tp % ep == 0)
+
+
+def expert_mesh(mesh: Mesh, ep: int) -> Mesh:
+    """The devices of the 1-D `("tp",)` `mesh` as a 2-D `("ep", "etp")` mesh of shape (ep, tp/ep), in the
+    same order (so one program may mix shardings on both meshes): row g is expert group g."""
+    return Mesh(mesh.devices.reshape(ep, -1), (EP, ETP), axis_types=(AxisType.Auto,) * 2)
 
 
 def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp: int,
                ep: int | None = None) -> P:
     """The PartitionSpec of parameter `path` (as `CausalLM.weight_specs` names it) of `shape`; see the
-    module docstring for the table. `ep`: the expert-parallel size (None: tp). Replicated (`P()`) when `tp`
-    does not divide the sharded dimension."""
+    module docstring for the table. `ep`: the expert-parallel size (None: tp); a spec naming `"ep"` or
+    `"etp"` is over `expert_mesh(mesh, ep)` (1 < ep < tp), any other over the `("tp",)` mesh. A dimension
+    its axis does not divide stays replicated (`None` in the spec; `P()` on the tp mesh)."""
     ep = tp if ep is None else ep
     if ep not in expert_parallel_sizes(tp):
         raise ValueError(f"ep_size={ep} with tp_size={tp}; choose one of {list(expert_parallel_sizes(tp))}")
@@ -82,6 +95,15 @@ def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp:
         return on(len(shape) - 1)
     if owner in _ROW:  # kernel [in, out]: the input features; the bias is added once, after the reduce
         return on(0) if leaf == "kernel" else P()
+    if owner == "mlp" and leaf in _EXPERTS and 1 < ep < tp:  # experts on ep, intermediate on etp
+        if leaf == "down_proj_bias":  # replicated as at ep 1: each device adds its tokens' bias locally
+            return P()
+        experts = EP if shape[0] % ep == 0 else None
+        intermediate = shape[1] if leaf == "down_proj" else shape[-1] // 2  # gate_up: 2I interleaved
+        inner = ETP if intermediate % (tp // ep) == 0 else None
+        if leaf == "down_proj":
+            return P(experts, inner, None)
+        return P(experts, *([None] * (len(shape) - 2)), inner)
     if owner == "mlp" and leaf in _EXPERTS and ep != tp:  # ep 1: each expert's intermediate dimension
         intermediate = shape[1] if leaf == "down_proj" else shape[-1] // 2  # gate_up: 2I interleaved
         if leaf == "down_proj_bias" or intermediate % tp:
@@ -96,11 +118,13 @@ def param_spec(config: ModelConfig, path: ParamPath, shape: tuple[int, ...], tp:
 
 def sharding_for(config: ModelConfig, mesh: Mesh, ep_size: int | None = None):
     """The loader's `sharding_for(path, shape)` hook placing every parameter by `param_spec` on `mesh`
-    (`ep_size`: see `param_spec`)."""
+    (`ep_size`: see `param_spec`; an expert spec on `("ep", "etp")` is placed on `expert_mesh`)."""
     tp = mesh.shape[TP]
+    ep = tp if ep_size is None else ep_size
 
     def place(path: ParamPath, shape: tuple[int, ...]) -> NamedSharding:
-        return NamedSharding(mesh, param_spec(config, path, shape, tp, ep_size))
+        spec = param_spec(config, path, shape, tp, ep_size)
+        return NamedSharding(expert_mesh(mesh, ep) if {EP, ETP} & set(spec) else mesh, spec)
 
     return place
 

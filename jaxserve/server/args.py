@@ -78,8 +78,9 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--mem-fraction-static", float, "size the KV pool from device memory: weights + pools take this "
                                      "fraction (--max-total-tokens, when given, wins); the plan is printed"),
     ("--tp-size", int, "tensor-parallel degree: weights and KV pools sharded over the first N devices"),
-    ("--ep-size", int, "MoE experts over the tp devices: tp (default) = whole experts per device, 1 = "
-                       "each expert's intermediate dimension split"),
+    ("--ep-size", int, "MoE experts over the tp devices, a divisor of tp: tp (default) = whole experts per "
+                       "device, 1 = each expert's intermediate dimension split, between = ep groups of "
+                       "experts, each expert split over the tp/ep devices of its group"),
     ("--dist-init-addr", str, "multi-host: HOST:PORT of the coordinator (rank 0's host), the same on "
                               "every node"),
     ("--nnodes", int, "multi-host: number of processes (one per host)"),

@@ -1,7 +1,8 @@
 """Tensor parallelism (`jaxserve.models.sharding`, `Engine(tp_size=...)`) on 8 fake CPU devices, in a
 subprocess (the device count must be set before JAX starts): see tests/models/tp_check.py for what is
 checked - greedy outputs at tp 2/4 equal the unsharded model's (scanned and unrolled, and through the
-engine with the radix cache on), per-device bytes of weights and KV pools, no collective on a pool shard."""
+engine with the radix cache on), per-device bytes of weights and KV pools, no collective on a pool shard;
+gpt-oss also at tp 4 with ep 1 and 2 (MoE all-reduces of [tokens, hidden] only)."""
 
 import os
 import subprocess

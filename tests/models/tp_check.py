@@ -2,11 +2,13 @@
 tiny Llama / Qwen3 / gpt-oss checkpoints loaded with tensor-parallel placement (`models.sharding`) at tp
 2 and 4 decode greedily the same tokens as the unsharded model; every shard holds 1/tp of each sharded
 parameter and of the KV pools; the compiled sharded step keeps each pool shard in place with no collective
-on it; `Engine(tp_size=tp)` gives the unsharded engine's greedy outputs.
+on it; `Engine(tp_size=tp)` gives the unsharded engine's greedy outputs. gpt-oss at tp 4 also runs ep 1 and
+2 (`check_ep`: experts split on their intermediate dimension, and over 2 groups of 2 devices each).
 Usage: python tests/models/tp_check.py WORKDIR ARCH..."""
 
 import faulthandler
 import os
+import re
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -16,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata
 from jaxserve.loader.load import load_model
@@ -111,7 +115,6 @@ def check_memory_plan(path: str, tp: int) -> None:
 def assert_pool_stays_local(model, layout, mesh) -> None:
     """The compiled sharded step writes and reads each shard's bf16 pool in place: no copy of a pool shard,
     no collective on a pool-shaped array."""
-    import re
 
     before = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", False)  # the HLO a server compiles (see conftest)
@@ -134,25 +137,44 @@ def assert_pool_stays_local(model, layout, mesh) -> None:
     assert not bad, bad[:3]
 
 
-def check_ep1(path: str, ref, layout, mesh, engine_ref) -> None:
-    """`ep_size=1`: every expert split on its intermediate dimension (each device holds all experts with
-    1/tp of their intermediate columns/rows, down_proj's bias replicated) gives the unsharded model's
-    greedy tokens, through the forward and the engine."""
+def check_ep(path: str, ref, layout, mesh, engine_ref, ep: int) -> None:
+    """`ep_size=ep` below tp: experts split into ep groups, each expert's intermediate dimension into tp/ep
+    (ep 1: every device holds all experts with 1/tp of their intermediate columns/rows; 1 < ep < tp: E/ep
+    experts with 1/(tp/ep) of those). Each device holds 1/tp of gate_up_proj, its bias and down_proj,
+    down_proj's bias is replicated, the MoE layer all-reduces only [tokens, hidden] arrays, and the greedy
+    tokens are the unsharded model's, through the forward and the engine."""
     tp = mesh.shape["tp"]
+    inner = tp // ep
     config = ModelConfig.from_file(path)
-    place = sharding_for(config, mesh, ep_size=1)
+    place = sharding_for(config, mesh, ep_size=ep)
     model = set_mesh(load_model(path, progress=False, sharding_for=place), mesh)
+    dev = mesh.devices.flat[0]
     for layer in model.layers:
         mlp = layer.mlp
         for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj"):
             a = getattr(mlp, name)[...]
             shards = {s.data.shape for s in a.addressable_shards}
-            assert shards == {(*a.shape[:-1], a.shape[-1] // tp) if name != "down_proj"
-                              else (a.shape[0], a.shape[1] // tp, a.shape[2])}, (name, shards)
+            assert shards == {(a.shape[0] // ep, *a.shape[1:-1], a.shape[-1] // inner) if name != "down_proj"
+                              else (a.shape[0] // ep, a.shape[1] // inner, a.shape[2])}, (name, shards)
+            assert per_device_bytes([a], dev) * tp == a.nbytes, name
         assert mlp.down_proj_bias[...].sharding.is_fully_replicated
+    assert_moe_reduces_tokens_by_hidden(model.layers[0].mlp, mesh)
     out, _ = greedy(scan_layers(model), layout, mesh)
-    assert out == ref, ("ep 1", tp, out, ref)
-    assert engine_outputs(path, tp, ep_size=1) == engine_ref
+    assert out == ref, ("ep", ep, tp, out, ref)
+    assert engine_outputs(path, tp, ep_size=ep) == engine_ref
+
+
+def assert_moe_reduces_tokens_by_hidden(mlp, mesh, tokens: int = 8) -> None:
+    """The compiled sharded MoE layer on `tokens` tokens: every all-reduce is of a [tokens, hidden] array
+    (never of per-expert outputs [tokens, experts, hidden]), and there is at least one."""
+    graph, state = nnx.split(mlp)
+    hidden = mlp.down_proj.shape[-1]
+    x = jax.device_put(jnp.ones((tokens, hidden), jnp.float32), NamedSharding(mesh, P()))
+    hlo = jax.jit(lambda st, x: nnx.merge(graph, st)(x)).lower(state, x).compile().as_text()
+    results = [re.findall(r"\w+\[[\d,]*\]", ln.split(" all-reduce(")[0].split(" = ")[-1])
+               for ln in hlo.splitlines() if " all-reduce(" in ln]
+    assert results, "no all-reduce"
+    assert all(shapes and set(shapes) == {f"f32[{tokens},{hidden}]"} for shapes in results), results
 
 
 def per_device_bytes(arrays, device) -> int:
@@ -191,7 +213,8 @@ def check(workdir: str, arch: str) -> None:
         if arch == "llama":
             check_memory_plan(path, tp)
         if config.num_local_experts and tp == 4:
-            check_ep1(path, ref, layout, mesh, engine_ref)
+            for ep in (1, 2):
+                check_ep(path, ref, layout, mesh, engine_ref, ep)
         heads = layout.num_kv_heads
         print(f"OK {arch} tp={tp} kv_heads={heads} weights/device={per_device_bytes(leaves, dev)} "
               f"pool/device={per_device_bytes(data, dev)}", flush=True)
