@@ -6,7 +6,9 @@ plain engine's, for chain and tree drafting spread over tp 2, 4 and 8 (`RUNS`; t
 lossless tests' case). The draft's parameters, pool and state are replicated on
 every device while the target's pools hold 1/tp per device, i.e. max(1, kv_heads / tp) kv heads' worth;
 each program compiles once (one bucket).
-Usage: python tests/speculative/tp_spec_check.py WORKDIR ARCH..."""
+With --grid it runs the whole acceptance grid instead: chain and tree at tp 2, 4 and 8 for every target, and
+gpt-oss's 4 experts at ep_size 1, 2 and 4 where ep divides tp (28 engines; by hand, not in CI).
+Usage: python tests/speculative/tp_spec_check.py WORKDIR [--grid] ARCH..."""
 
 import faulthandler
 import os
@@ -38,13 +40,14 @@ CONFIGS = {"chain": dict(speculative_num_steps=3),
 # chain at tp 2, the one tp where each device holds its own kv head with no replication
 RUNS = {"llama": (("chain", 4), ("tree", 8)), "qwen3": (("chain", 2),),
         "gpt_oss": (("tree", 4), ("chain", 8))}
+GRID = tuple((name, tp) for tp in (2, 4, 8) for name in ("chain", "tree"))
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 PAGE_SIZE = 4
 
 
-def engine(path: str, tp: int, **spec) -> Engine:
+def engine(path: str, tp: int, ep: int | None = None, **spec) -> Engine:
     """One bucket per dimension: every step runs a program compiled on this thread."""
-    return Engine(model_path=path, tp_size=tp, page_size=PAGE_SIZE, max_total_tokens=512,
+    return Engine(model_path=path, tp_size=tp, ep_size=ep, page_size=PAGE_SIZE, max_total_tokens=512,
                   chunked_prefill_size=32, max_running_requests=4, context_length=48,
                   buckets=Buckets((32,), (4,), (16,)), **spec)
 
@@ -62,7 +65,7 @@ def device_bytes(tree, device) -> int:
     return sum(s.data.nbytes for a in leaves for s in a.addressable_shards if s.device == device)
 
 
-def check(workdir: str, arch: str) -> None:
+def check(workdir: str, arch: str, grid: bool = False) -> None:
     path = os.path.join(workdir, arch)
     make_hf_checkpoint(path, arch, seed=1, **ARCHS[arch])
     draft = sp.copy_draft(load_model(path, progress=False, aux_hidden_state_layer_ids=sp.AUX))
@@ -71,11 +74,13 @@ def check(workdir: str, arch: str) -> None:
     ref = outputs(plain, prompts)
     kv_heads = ARCHS[arch]["num_key_value_heads"]
     head_bytes = sum(a.nbytes for a in jax.tree.leaves(plain.kv.pools)) // kv_heads  # one kv head's pools
-    for name, tp in RUNS[arch]:
+    runs = [(name, tp, ep) for name, tp in (GRID if grid else RUNS[arch])
+            for ep in ((1, 2, 4)[:tp.bit_length()] if grid and arch == "gpt_oss" else (None,))]
+    for name, tp, ep in runs:
         spec = dict(draft_model=draft, speculative_algorithm="EAGLE3", speculative_policy="always",
                     **CONFIGS[name])
         t0 = time.perf_counter()
-        eng = engine(path, tp, **spec)
+        eng = engine(path, tp, ep, **spec)
         out = outputs(eng, prompts)
         assert out == ref, (arch, name, tp, out, ref)
         stepper = eng.stepper
@@ -91,11 +96,12 @@ def check(workdir: str, arch: str) -> None:
         assert device_bytes(pools, dev) * tp == sum(a.nbytes for a in pools)
         # as SGLang: each device holds max(1, kv_heads / tp) kv heads (a replicated head past tp = kv_heads)
         assert device_bytes(pools, dev) == head_bytes * max(1, kv_heads // tp)
-        print(f"OK {arch} {name} tp={tp} kv_heads={eng.kv.layout.num_kv_heads} "
+        print(f"OK {arch} {name} tp={tp} ep={ep} kv_heads={eng.kv.layout.num_kv_heads} "
               f"accepted={stepper.stats['accepted']} compiles={stepper.num_compiles} "
               f"seconds={time.perf_counter() - t0:.1f}", flush=True)
 
 if __name__ == "__main__":
     faulthandler.enable()  # a native abort still prints every thread's Python stack
-    for name in sys.argv[2:]:
-        check(sys.argv[1], name)
+    grid = "--grid" in sys.argv[2:]
+    for name in (a for a in sys.argv[2:] if a != "--grid"):
+        check(sys.argv[1], name, grid)
