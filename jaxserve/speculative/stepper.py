@@ -715,7 +715,7 @@ class EagleStepper:
         unless the policy never drafts, the round program (chain or tree) per (seqs, pages). The
         `record_draft_top1` variants are not planned, nor a constrained round's two halves (compiled when
         a grammar first runs)."""
-        prefill, chain = self._fns(False)[:2]
+        prefill, round_program = self._fns(False)[:2]
         state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
         num_rows = self.states[0].shape[0]
         b = self.buckets
@@ -739,7 +739,7 @@ class EagleStepper:
                                           swa_write_slots=None, swa_page_table=None)
                 draft_metas = jax.tree.map(lambda x: np.stack([x] * (self.num_steps - 1)), one)
             zeros = np.zeros(s, np.int32)
-            plan.append((chain, (s, p), (*state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32),
+            plan.append((round_program, (s, p), (*state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32),
                                          np.zeros(s, bool), zeros, draft_metas, meta,
                                          build_sampling_batch([], s * nv))))
         return largest_first(plan)
