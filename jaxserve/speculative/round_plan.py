@@ -39,12 +39,12 @@ _PAD_PARAMS = SamplingParams(temperature=0.0)
 
 @dataclasses.dataclass(frozen=True)
 class RoundPlan:
-    """A planned round: its requests (verdict row order), those planned as continuing a round in flight
-    (`members` of that round are all `reqs`; `shifted` flags them per row), the program bucket (seqs,
-    pages per sequence), and the device inputs padded to the seq bucket: state rows `i32[R]` (padding rows
-    read row 0), destination rows `i32[R]` (padding rows: out of range, dropped), last tokens `i32[R]`,
-    the draft steps' metadata stacked `[S-1, ...]` (None when S = 1), the verify metadata and the sampling
-    batch (`num_verify` rows per request)."""
+    """A planned round: its requests (verdict row order) and the same as a set (`members`: what the next
+    round's plan treats as in flight), the program bucket (seqs, pages per sequence), and the device inputs
+    padded to the seq bucket: state rows `i32[R]` (padding rows read row 0), destination rows `i32[R]`
+    (padding rows: out of range, dropped), `shifted bool[R]` (planned as continuing the round in flight),
+    last tokens `i32[R]`, the draft steps' metadata stacked `[S-1, ...]` (None when S = 1), the verify
+    metadata and the sampling batch (`num_verify` rows per request)."""
 
     reqs: list[Request]
     members: frozenset

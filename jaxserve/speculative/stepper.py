@@ -739,9 +739,9 @@ class EagleStepper:
                                           swa_write_slots=None, swa_page_table=None)
                 draft_metas = jax.tree.map(lambda x: np.stack([x] * (self.num_steps - 1)), one)
             zeros = np.zeros(s, np.int32)
-            plan.append((round_program, (s, p), (*state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32),
-                                         np.zeros(s, bool), zeros, draft_metas, meta,
-                                         build_sampling_batch([], s * nv))))
+            plan.append((round_program, (s, p), (
+                *state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32), np.zeros(s, bool),
+                zeros, draft_metas, meta, build_sampling_batch([], s * nv))))
         return largest_first(plan)
 
     @property
