@@ -2,8 +2,8 @@
 in the background (`runner.Programs`), for the plain step and for EAGLE-3's prefill and round programs
 (chain and tree). Reference: the same requests on the same engine once every exact program is compiled.
 Greedy tokens are equal; logprobs agree to 1e-5 (XLA's CPU kernels are chosen per shape: a padded step can
-round a logprob's last bit differently). No program is compiled twice. The background thread is held back until
-the padded run is over, so the padding really happens."""
+round a logprob's last bit differently). No program is compiled twice. The background thread is held back
+until the padded run is over, so the padding really happens."""
 
 from __future__ import annotations
 
