@@ -326,8 +326,10 @@ class EagleStepper:
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
         self.seq_buckets = tuple(buckets.seqs)
-        self._fns = functools.partial(_make_fns, tgraph, dgraph, num_steps, topk, self.num_verify,
-                                      max(self.seq_buckets))
+        # the programs per `record` flag, looked up without re-hashing the graphs (an nnx graph's hash walks
+        # the whole module tree: ~0.7 ms per lookup, several lookups per step)
+        self._fns = functools.cache(functools.partial(_make_fns, tgraph, dgraph, num_steps, topk,
+                                                      self.num_verify, max(self.seq_buckets)))
         self.last_tokens = jnp.zeros(max(self.seq_buckets), jnp.int32)  # the last plain step's samples
         # an overlapped round reaches up to 2 verify spans past the last applied position
         most_pages = min(kv.pages_for(context_length + 2 * self.num_reserve), kv.num_pages)
