@@ -59,9 +59,9 @@ matcher then advances over the emitted tokens as they are appended. Tree draftin
 round the same way (`draft_tree`, `grammar_draft.walk_tree`).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
-allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
-bucket (the verify's token count is padded to seqs * (S + 1)), and likewise `draft_chain` / `verify_chain`
-once a grammar runs. Sampling parameters and grammar masks are data, not shapes.
+allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the round (chain or tree) per
+(seqs, pages) bucket (the verify's token count is padded to seqs * its nodes), and likewise a constrained
+round's two halves once a grammar runs. Sampling parameters and grammar masks are data, not shapes.
 """
 
 from __future__ import annotations
