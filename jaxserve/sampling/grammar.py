@@ -62,13 +62,16 @@ class GrammarMatcher:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
 
-def fill_bitmask(matchers: Sequence[GrammarMatcher | None]) -> np.ndarray | None:
-    """u32[len(matchers), W]: row i the tokens matcher i allows next (all tokens for None); None when no row
-    has a matcher (the step then keeps its unconstrained executable)."""
+def fill_bitmask(matchers: Sequence[GrammarMatcher | None], num_rows: int | None = None) -> np.ndarray | None:
+    """u32[num_rows, W] (num_rows defaults to len(matchers)): row i < len(matchers) the tokens matcher i
+    allows next (all tokens for None), the rows past them all tokens; None when no row has a matcher (the
+    step then keeps its unconstrained executable). One buffer, filled in place, that a step's sampling batch
+    takes as it is."""
     present = [m for m in matchers if m is not None]
     if not present:
         return None
-    mask = np.full((len(matchers), present[0].num_words), 0xFFFFFFFF, np.uint32)
+    mask = np.full((len(matchers) if num_rows is None else num_rows, present[0].num_words), 0xFFFFFFFF,
+                   np.uint32)
     for row, matcher in enumerate(matchers):
         if matcher is not None:
             matcher.fill(mask, row)
