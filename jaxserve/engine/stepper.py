@@ -155,7 +155,6 @@ class PlainStepper:
         masks = fill_bitmask([s.req.grammar if ok else None for s, ok in zip(batch, live, strict=True)],
                              inp.sampling.num_rows)
         self._remember_masks(batch, live, masks)
-        sampling = fill_masks(inp.sampling, masks)
         if guessed is not None:
             self.stats["masks_guessed"] += 1
             full = masks if masks is not None else np.full_like(guess, 0xFFFFFFFF)
@@ -163,10 +162,11 @@ class PlainStepper:
             rows = slice(None) if all(live) else np.flatnonzero(live)
             if not np.array_equal(guess[rows], full[rows]):
                 self.stats["masks_guessed_wrong"] += 1
-                guessed = self.runner.run_sample(logits, sampling)
+                guessed = self.runner.run_sample(logits, fill_masks(inp.sampling, masks))
             self.inflight = (batch, guessed, None)
             self.stats["host_s"] += time.perf_counter() - t0
             return finished
+        sampling = fill_masks(inp.sampling, masks)
         if logits is not None:
             self.inflight = (batch, self.runner.run_sample(logits, sampling), None)
             self.stats["host_s"] += time.perf_counter() - t0

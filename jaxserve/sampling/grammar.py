@@ -37,10 +37,15 @@ class GrammarMatcher:
         self.num_words = num_words
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
-        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words])."""
-        import llguidance.numpy as llg_numpy
-
-        llg_numpy.fill_next_token_bitmask(self._matcher, bitmask.view(np.int32), row)
+        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words], C-contiguous)."""
+        if bitmask.dtype != np.uint32 or bitmask.ndim != 2 or not bitmask.flags.c_contiguous:
+            raise ValueError(f"a mask is a C-contiguous u32[rows, words] array, not {bitmask.dtype}"
+                             f"{list(bitmask.shape)}")
+        if not 0 <= row < bitmask.shape[0]:
+            raise IndexError(f"row {row} of a mask of {bitmask.shape[0]} rows")
+        # llguidance writes the row through its address (what its numpy helper does, minus a view and a slice)
+        row_bytes = bitmask.shape[1] * 4
+        self._matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + row * row_bytes, row_bytes)
 
     def advance(self, token_id: int) -> None:
         """Consume an output token (one the mask allowed). A token it forbids - impossible when the mask was

@@ -47,6 +47,18 @@ def test_regex_mask_is_every_token_of_digits(backend, tok):
     assert _allowed(after) == digits | set(tok.eos_token_ids)  # "[0-9]+" may end after one digit
 
 
+def test_fill_refuses_a_buffer_it_would_write_out_of(backend):
+    """`fill` writes through the row's address: a wrong dtype, layout or row is refused, not written."""
+    matcher = backend.matcher("regex", "[0-9]+")
+    words = VOCAB // 32
+    for bad in (np.zeros((2, words), np.int64), np.zeros((2, 2 * words), np.uint32)[:, ::2],
+                np.zeros(words, np.uint32)):
+        with pytest.raises(ValueError):
+            matcher.fill(bad, 0)
+    with pytest.raises(IndexError):
+        matcher.fill(np.zeros((2, words), np.uint32), 2)
+
+
 def test_no_matcher_means_no_mask():
     assert fill_bitmask([None, None]) is None
 
