@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> dict:
     for i in range(args.repeats):  # ABBA: every other repeat runs the kinds in reverse order
         for name, (eng, params) in (order if i % 2 == 0 else order[::-1]):
             eng.flush_cache()
-            before = {k: engine.stepper.stats[k] for k in counted}
+            before = {k: engine.stats[k] for k in counted}
             runs[name].append(_pass(eng, prompts, params))
             if name == "regex":
                 for k in counted:
-                    regex_stats[k] += engine.stepper.stats[k] - before[k]
+                    regex_stats[k] += engine.stats[k] - before[k]
     median = {k: statistics.median(r for r, _ in v) for k, v in runs.items()}
     result = {"batch": args.batch, "max_new_tokens": args.max_new_tokens,
               "load_avg_1m": round(os.getloadavg()[0], 2),
