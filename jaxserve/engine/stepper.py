@@ -36,7 +36,7 @@ from jaxserve.engine.runner import Bucket, ModelRunner, Programs
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.split_step import fill_masks
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
-from jaxserve.sampling import NO_PENALTY_ROW, SampleOutput
+from jaxserve.sampling import NO_PENALTY_ROW, SampleOutput, SamplingBatch
 from jaxserve.sampling.grammar import fill_bitmask
 
 
@@ -87,7 +87,8 @@ class PlainStepper:
         return self.scheduler.idle and self.inflight is None
 
     def forget(self, req: Request) -> None:
-        """Nothing per request lives here: a step in flight skips an aborted request when applied."""
+        """Nothing per request needs dropping: a step in flight skips an aborted request when applied, and
+        the held masks (`_masks`, only ever a guess that is checked) are replaced at the next split step."""
 
     @property
     def num_compiles(self) -> dict[str, int]:
@@ -177,7 +178,7 @@ class PlainStepper:
         return finished + self._apply((batch, out, prompt), t0)
 
     def _guess_masks(self, batch: list[ScheduledSeq], prev_rows: dict[Request, int],
-                     sampling) -> np.ndarray | None:
+                     sampling: SamplingBatch) -> np.ndarray | None:
         """u32[rows, W]: each constrained row's guessed mask (see the module; exact for a row with no token
         pending), all tokens for the others; None when a constrained row has no guess, no row is constrained,
         or a row has a penalty row (then the step runs split)."""
