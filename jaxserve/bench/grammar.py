@@ -9,12 +9,9 @@ decode `--max-new-tokens` tokens (greedy, ignore_eos) unconstrained, then each u
 `[a-z ]+` (an open-ended grammar: every step fills and applies a mask), alternating, after one untimed pass
 of each (compilation). Reported: the median pass's output tokens/s of each and their ratios. Under the
 overlap schedule a constrained step is cut in two (`engine.split_step`: the forward runs while the host
-applies the step before and fills the masks), or runs as one program when the masks can be guessed (a row
-whose mask repeated: here every step from the fourth on); `regex_guessed_share` is the share of the
-timed regex passes' steps that ran guessed, `regex_guessed_wrong` how many guesses were redone. The run
-also times both batches with the overlap schedule off (`plain_sync`, `regex_sync`: each constrained step
-applied as it is dispatched, the fused step), so `regex_over_plain_sync` is the mask's own cost and
-`regex_over_regex_sync` what the split schedule gains.
+applies the step before and fills the masks). The run also times both batches with the overlap schedule
+off (`plain_sync`, `regex_sync`: each constrained step applied as it is dispatched, the fused step), so
+`regex_over_plain_sync` is the mask's own cost and `regex_over_regex_sync` what the split schedule gains.
 
 `--eagle3` adds both batches on an EAGLE-3 engine (its own copy of the target, loaded to capture the
 draft's hidden states; the embedded draft; a round every step) to the same
@@ -74,25 +71,17 @@ def main(argv: list[str] | None = None) -> dict:
         _pass(eng, prompts, params)
     runs: dict[str, list[tuple[float, float | None]]] = {k: [] for k in kinds}
     order = list(kinds.items())
-    counted = ("steps", "masks_guessed", "masks_guessed_wrong")
-    regex_stats = dict.fromkeys(counted, 0)
     for i in range(args.repeats):  # ABBA: every other repeat runs the kinds in reverse order
         for name, (eng, params) in (order if i % 2 == 0 else order[::-1]):
             eng.flush_cache()
-            before = {k: engine.stats[k] for k in counted}
             runs[name].append(_pass(eng, prompts, params))
-            if name == "regex":
-                for k in counted:
-                    regex_stats[k] += engine.stats[k] - before[k]
     median = {k: statistics.median(r for r, _ in v) for k, v in runs.items()}
     result = {"batch": args.batch, "max_new_tokens": args.max_new_tokens,
               "load_avg_1m": round(os.getloadavg()[0], 2),
               **{f"{k}_tok_s": round(v, 1) for k, v in median.items()},
               "regex_over_plain": round(median["regex"] / median["plain"], 3),
               "regex_over_plain_sync": round(median["regex"] / median["plain_sync"], 3),
-              "regex_over_regex_sync": round(median["regex"] / median["regex_sync"], 3),
-              "regex_guessed_share": round(regex_stats["masks_guessed"] / max(regex_stats["steps"], 1), 3),
-              "regex_guessed_wrong": regex_stats["masks_guessed_wrong"]}
+              "regex_over_regex_sync": round(median["regex"] / median["regex_sync"], 3)}
     if args.eagle3:
         for name in ("eagle3_plain", "eagle3_regex"):
             result[f"{name}_accept_length"] = round(statistics.median(a for _, a in runs[name]), 3)

@@ -318,13 +318,10 @@ def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False) -> Progra
 
 
 @functools.lru_cache(maxsize=8)
-def _make_split(graphdef, max_seqs: int) -> tuple[Programs, Programs, Programs]:
-    """The (forward, sample, guessed) programs of `engine.split_step` for one model graph (cached as
-    `_make_step`)."""
+def _make_split(graphdef, max_seqs: int) -> tuple[Programs, Programs]:
+    """The (forward, sample) programs of `engine.split_step` for one model graph (cached as `_make_step`)."""
     forward, sample_step = split_step.split_fns(graphdef, max_seqs)
-    guessed = split_step.guessed_fn(graphdef, max_seqs)
-    return (Programs(forward, "split_forward", fixed=(0,)), Programs(sample_step, "split_sample"),
-            Programs(guessed, "split_guessed", fixed=(0,)))
+    return Programs(forward, "split_forward", fixed=(0,)), Programs(sample_step, "split_sample")
 
 
 def _repad_step(args: tuple, bucket: Bucket) -> tuple:
@@ -332,13 +329,6 @@ def _repad_step(args: tuple, bucket: Bucket) -> tuple:
     t = bucket[0]
     extra = () if len(args) == 5 else (np.pad(np.asarray(args[5]), (0, t - args[5].shape[0])),)
     return (*args[:4], pad_step_input(args[4], *bucket), *extra)
-
-
-def _first_rows(out: SampleOutput, rows: int) -> SampleOutput:
-    """`out` cut to its first `rows` rows (a step that ran padded to a larger bucket samples more)."""
-    if out.token_ids.shape[0] == rows:
-        return out
-    return SampleOutput(*(x[:rows] for x in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)))
 
 
 @functools.partial(jax.jit, donate_argnames=("penalties",))
@@ -364,7 +354,7 @@ class ModelRunner:
         self._step = _make_step(graphdef, max_seqs)
         self._prompt_step = _make_step(graphdef, max_seqs, prompt_logprobs=True)
         self._last_tokens = jnp.zeros(max_seqs, jnp.int32)
-        self._split: tuple[Programs, Programs, Programs] | None = None  # made at the first split step
+        self._split: tuple[Programs, Programs] | None = None  # made at the first split step
         if kv.mesh is not None:  # tensor parallel: every step argument lives on the mesh (replicated)
             replicated = NamedSharding(kv.mesh, PartitionSpec())
             self.penalties, self._last_tokens = jax.device_put((self.penalties, self._last_tokens),
@@ -394,28 +384,14 @@ class ModelRunner:
         """The first half of a split step (`engine.split_step`): dispatch the model over `inp` (its sampling
         rows are not read) and return the logits [S', V] (S' >= the input's rows when it ran padded to a
         larger bucket), not waited for. `run_sample` must follow before the next step."""
-        self.kv.pools, logits = self._split_programs()[0].call(
-            step_bucket(inp), (self.params, self.kv.pools, self._last_tokens, inp.input_ids, inp.prev_rows,
-                               inp.meta), split_step.repad_forward)
-        return logits
-
-    def run_guessed(self, inp: StepInput) -> tuple[SampleOutput, jax.Array]:
-        """Both halves of a split step in one dispatch (`engine.split_step`, guessed masks): the model over
-        `inp`, sampled with `inp.sampling` (its masks a guess); returns the samples of its rows and the logits
-        [S', V] (as `run_forward`), which `run_sample` samples again if the guess was wrong. `inp.sampling`
-        must name no penalty row (sampling again would count a token twice)."""
-        rows = inp.sampling.num_rows
-        self.kv.pools, self.penalties, self._last_tokens, out, logits = self._split_programs()[2].call(
-            step_bucket(inp), (self.params, self.kv.pools, self.penalties, self._last_tokens, inp.input_ids,
-                               inp.prev_rows, inp.meta, inp.sampling), split_step.repad_guessed)
-        return _first_rows(out, rows), logits
-
-    def _split_programs(self) -> tuple[Programs, Programs, Programs]:
         if self.broadcaster is not None:
             raise RuntimeError("split steps run on one process only; a multi-host engine refuses grammars")
         if self._split is None:
             self._split = _make_split(self.graphdef, self._last_tokens.shape[0])
-        return self._split
+        self.kv.pools, logits = self._split[0].call(
+            step_bucket(inp), (self.params, self.kv.pools, self._last_tokens, inp.input_ids, inp.prev_rows,
+                               inp.meta), split_step.repad_forward)
+        return logits
 
     def run_sample(self, logits: jax.Array, sampling: SamplingBatch) -> SampleOutput:
         """The second half: sample `run_forward`'s logits with `sampling` (its masks filled now), update the
@@ -423,9 +399,11 @@ class ModelRunner:
         device arrays."""
         rows = sampling.num_rows
         sampling = pad_sampling(sampling, logits.shape[0])
-        self.penalties, self._last_tokens, out = self._split_programs()[1].call(
+        self.penalties, self._last_tokens, out = self._split[1].call(
             (logits.shape[0],), (logits, sampling, self.penalties), split_step.repad_sample)
-        return _first_rows(out, rows)
+        if logits.shape[0] == rows:
+            return out
+        return SampleOutput(*(x[:rows] for x in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)))
 
     def set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
         """Give penalty row `row` to a request: prompt tokens marked, output tokens counted (also after a
@@ -445,9 +423,8 @@ class ModelRunner:
 
     @property
     def num_split_compiles(self) -> int:
-        """Executables of the split step's programs (both halves, and both in one for guessed masks)
-        requested so far (0 until the first split step)."""
-        return 0 if self._split is None else sum(programs.num_compiles for programs in self._split)
+        """Executables of both halves of the split step requested so far (0 until the first split step)."""
+        return 0 if self._split is None else self._split[0].num_compiles + self._split[1].num_compiles
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
         """(programs, bucket, arguments) of every plain-step bucket shape (seqs <= tokens), ordered by

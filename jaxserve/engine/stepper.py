@@ -12,14 +12,6 @@ token on the host: the overlap schedule then cuts each step in two (`engine.spli
 forward is dispatched, step t is read and applied while it runs, and the sampler follows with the masks
 filled from the grammars' new states. Without the overlap schedule (or for a step with prompt logprobs)
 constrained steps are applied as they are dispatched.
-
-Guessed masks: a constrained row whose mask was the same at its last two steps is guessed to keep it for
-one more (a regex loop, a JSON string's inside). When every constrained row of a split step has such a
-guess (or no pending token, so its mask is known now) and no row has a penalty row, the step runs as one
-program (`ModelRunner.run_guessed`); after the step before is applied the true masks are filled as usual
-and compared with the guesses: equal, the step stands; different, its sampler runs again over the same
-logits with the true masks (`run_sample`, the split step's second half). Outputs are those of the split
-step either way; the guess only saves a dispatch.
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ from jaxserve.engine.runner import Bucket, ModelRunner, Programs
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.split_step import fill_masks
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
-from jaxserve.sampling import NO_PENALTY_ROW, SampleOutput, SamplingBatch
+from jaxserve.sampling import SampleOutput
 from jaxserve.sampling.grammar import fill_bitmask
 
 
@@ -65,8 +57,7 @@ class Stepper(Protocol):
 
 class PlainStepper:
     """Plain decoding: every step is one ragged batch (prefill chunks and decodes) through `runner`.
-    `stats`: steps, tokens fed, host seconds and seconds spent waiting for the device (reading results),
-    split steps run with guessed masks and how many of those guesses were wrong."""
+    `stats`: steps, tokens fed, host seconds and seconds spent waiting for the device (reading results)."""
 
     def __init__(self, kv: KVCache, runner: ModelRunner, buckets: Buckets, *, max_tokens: int,
                  max_running: int, overlap: bool = True) -> None:
@@ -75,20 +66,14 @@ class PlainStepper:
                                    set_penalty_row=runner.set_penalty_row)
         # dispatched, not applied: (batch, samples, the prompt logprobs when a request asked for them)
         self.inflight: tuple[list[ScheduledSeq], SampleOutput, tuple | None] | None = None
-        # the last split step's masks u32[rows, W] (None: no constrained row), the row of each constrained
-        # request in them, and per row whether it equalled the request's mask at the split step before (then
-        # it is the guess of the request's next mask, see the module)
-        self._masks: tuple[np.ndarray | None, dict[Request, int], np.ndarray] = (None, {}, np.zeros(0, bool))
-        self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0, "masks_guessed": 0,
-                      "masks_guessed_wrong": 0}
+        self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
 
     @property
     def idle(self) -> bool:
         return self.scheduler.idle and self.inflight is None
 
     def forget(self, req: Request) -> None:
-        """Nothing per request needs dropping: a step in flight skips an aborted request when applied, and
-        the held masks (`_masks`, only ever a guess that is checked) are replaced at the next split step."""
+        """Nothing per request lives here: a step in flight skips an aborted request when applied."""
 
     @property
     def num_compiles(self) -> dict[str, int]:
@@ -128,9 +113,8 @@ class PlainStepper:
         return self._apply(inflight, t0)
 
     def _split_step(self, t0: float) -> list[Request]:
-        """One constrained step under the overlap schedule: dispatch this step's forward (the whole step when
-        its masks can be guessed), apply the step in flight while it runs, then fill this step's masks and
-        dispatch its sampler (unless the guessed masks were the true ones)."""
+        """One constrained step under the overlap schedule: dispatch this step's forward, apply the step in
+        flight while it runs, then fill this step's masks and dispatch its sampler."""
         batch = self.scheduler.schedule()
         inflight, self.inflight = self.inflight, None
         if not batch:
@@ -140,33 +124,15 @@ class PlainStepper:
         next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
         self.stats["steps"] += 1
         self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
-        logits = guess = guessed = None
+        logits = None
         if next_ids is None:
-            guess = self._guess_masks(batch, prev_rows, inp.sampling)
-            if guess is None:
-                logits = self.runner.run_forward(inp)
-            else:
-                guessed, logits = self.runner.run_guessed(
-                    type(inp)(inp.input_ids, inp.prev_rows, inp.meta, fill_masks(inp.sampling, guess)))
+            logits = self.runner.run_forward(inp)
         finished = self._apply(inflight, t0)
         t0 = time.perf_counter()
         # every token before this step is applied now: the grammars are in the state this step samples from
         # (a request that just finished gets no mask: its row is skipped when applied)
-        live = [s.samples and s.req.status is Status.RUNNING for s in batch]
-        masks = fill_bitmask([s.req.grammar if ok else None for s, ok in zip(batch, live, strict=True)],
-                             inp.sampling.num_rows)
-        self._remember_masks(batch, live, masks)
-        if guessed is not None:
-            self.stats["masks_guessed"] += 1
-            full = masks if masks is not None else np.full_like(guess, 0xFFFFFFFF)
-            # a row whose request just finished is not applied: any mask will do
-            rows = slice(None) if all(live) else np.flatnonzero(live)
-            if not np.array_equal(guess[rows], full[rows]):
-                self.stats["masks_guessed_wrong"] += 1
-                guessed = self.runner.run_sample(logits, fill_masks(inp.sampling, masks))
-            self.inflight = (batch, guessed, None)
-            self.stats["host_s"] += time.perf_counter() - t0
-            return finished
+        masks = fill_bitmask([s.req.grammar if s.samples and s.req.status is Status.RUNNING else None
+                              for s in batch], inp.sampling.num_rows)
         sampling = fill_masks(inp.sampling, masks)
         if logits is not None:
             self.inflight = (batch, self.runner.run_sample(logits, sampling), None)
@@ -176,55 +142,6 @@ class PlainStepper:
         inp = type(inp)(inp.input_ids, inp.prev_rows, inp.meta, sampling)
         out, prompt = self.runner.run_with_prompt_logprobs(inp, next_ids)
         return finished + self._apply((batch, out, prompt), t0)
-
-    def _guess_masks(self, batch: list[ScheduledSeq], prev_rows: dict[Request, int],
-                     sampling: SamplingBatch) -> np.ndarray | None:
-        """u32[rows, W]: each constrained row's guessed mask (see the module; exact for a row with no token
-        pending), all tokens for the others; None when a constrained row has no guess, no row is constrained,
-        or a row has a penalty row (then the step runs split)."""
-        if np.any(np.asarray(sampling.penalty_rows) != NO_PENALTY_ROW):
-            return None
-        held, held_rows, stable = self._masks
-        known, dst, src = [], [], []
-        for row, seq in enumerate(batch):
-            grammar = seq.req.grammar if seq.samples else None
-            if grammar is None:
-                continue
-            if seq.req not in prev_rows:
-                known.append((row, grammar))
-                continue
-            old = held_rows.get(seq.req)
-            if old is None or not stable[old]:
-                return None
-            dst.append(row)
-            src.append(old)
-        if not known and not dst:
-            return None
-        if not known and len(dst) == held.shape[0] == sampling.num_rows and dst == src:
-            return held  # the same rows as the last split step (a steady decode batch)
-        words = known[0][1].num_words if known else held.shape[1]
-        guess = np.full((sampling.num_rows, words), 0xFFFFFFFF, np.uint32)
-        for row, grammar in known:
-            grammar.fill(guess, row)
-        if dst:
-            guess[dst] = held[src]
-        return guess
-
-    def _remember_masks(self, batch: list[ScheduledSeq], live: list[bool], masks: np.ndarray | None) -> None:
-        """Keep the masks this split step's constrained rows sample with (see `_masks`)."""
-        held, held_rows, _ = self._masks
-        rows = {} if masks is None else {
-            seq.req: row for row, (seq, ok) in enumerate(zip(batch, live, strict=True))
-            if ok and seq.req.grammar is not None}
-        stable = np.zeros(len(batch), bool)
-        if rows and rows == held_rows and masks.shape == held.shape:  # the same rows as the last split step
-            self._masks = (masks, rows, (masks == held).all(axis=1))
-            return
-        pairs = [(row, held_rows[req]) for req, row in rows.items() if req in held_rows]
-        if pairs:
-            now, before = (list(x) for x in zip(*pairs, strict=True))
-            stable[now] = (masks[now] == held[before]).all(axis=1)
-        self._masks = (masks, rows, stable)
 
     def _apply(self, inflight: tuple | None, t0: float) -> list[Request]:
         """Read a dispatched step's results and apply them (`t0`: when this step's host work began)."""

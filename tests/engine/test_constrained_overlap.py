@@ -79,59 +79,6 @@ def test_new_grammars_compile_nothing_new(engines):
     assert before["split_step"] <= buckets.num_shapes + len(buckets.seqs)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_guessed_masks_equal_the_synchronous_path(engines, temperature):
-    """Rows under a looping regex repeat their mask from token to token, so their split steps run as one
-    program with guessed masks (`stats["masks_guessed"]`); penalised rows run split. Both give the
-    synchronous path's outputs."""
-    overlap, sync = engines
-    prompts = PROMPTS * 2
-    params = [{"temperature": temperature, "seed": i, "max_new_tokens": 16, "ignore_eos": True,
-               "regex": "[a-z ]+" if i % 2 else r"[a-z ]{3,30}\.[a-z ]+"} for i in range(len(prompts))]
-    guessed = overlap.stepper.stats["masks_guessed"]
-    assert _texts(overlap, prompts, params) == _texts(sync, prompts, params)
-    assert overlap.stepper.stats["masks_guessed"] > guessed
-    params = [{**p, "frequency_penalty": 0.5} for p in params]
-    guessed = overlap.stepper.stats["masks_guessed"]
-    assert _texts(overlap, prompts, params) == _texts(sync, prompts, params)
-    assert overlap.stepper.stats["masks_guessed"] == guessed
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_guessed_program_samples_as_the_split_halves(engines, temperature):
-    """`run_guessed` with the true masks samples what `run_forward` + `run_sample` sample; with wrong masks
-    it samples other tokens, and `run_sample` over its logits with the true masks gives the split step's
-    samples again (the stepper's redo)."""
-    import numpy as np
-
-    from jaxserve.engine.split_step import fill_masks
-    from jaxserve.engine.step_input import padding_step_input
-    from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
-
-    overlap, _ = engines
-    r = overlap.runner
-    rows = 4
-    base = padding_step_input(r.kv, 16, rows, 4)
-    sampling = build_sampling_batch(
-        [SamplingRow(SamplingParams(temperature=temperature), 7 + i, i, None) for i in range(rows)], rows)
-    true = np.random.default_rng(0).integers(0, 2**32, (rows, -(-r.vocab_size // 32)), dtype=np.uint32)
-    wrong = ~true  # no token allowed by both
-
-    def step(masks):
-        return type(base)(base.input_ids, base.prev_rows, base.meta, fill_masks(sampling, masks))
-
-    split = r.run_sample(r.run_forward(step(true)), fill_masks(sampling, true))
-    right, _ = r.run_guessed(step(true))
-    missed, logits = r.run_guessed(step(wrong))
-    redone = r.run_sample(logits, fill_masks(sampling, true))
-    want = np.asarray(split.token_ids)
-    assert all((true[i, t // 32] >> (t % 32)) & 1 for i, t in enumerate(want.tolist()))
-    assert not np.any(np.asarray(missed.token_ids) == want)
-    for out in (right, redone):
-        np.testing.assert_array_equal(np.asarray(out.token_ids), want)
-        np.testing.assert_array_equal(np.asarray(out.logprobs), np.asarray(split.logprobs))
-
-
 @pytest.mark.xla_optimized
 def test_split_programs_donate_the_pools_without_copies(engines):
     """The forward half keeps the donated KV pools in place (no copy of a pool-shaped array in its HLO)
