@@ -37,9 +37,11 @@ class GrammarMatcher:
         self.num_words = num_words
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
-        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words], C-contiguous)."""
-        if bitmask.dtype != np.uint32 or bitmask.ndim != 2 or not bitmask.flags.c_contiguous:
-            raise ValueError(f"a mask is a C-contiguous u32[rows, words] array, not {bitmask.dtype}"
+        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words]: C-contiguous and
+        writeable, else ValueError; a row out of range: IndexError)."""
+        flags = bitmask.flags
+        if bitmask.dtype != np.uint32 or bitmask.ndim != 2 or not (flags.c_contiguous and flags.writeable):
+            raise ValueError(f"a mask is a writeable C-contiguous u32[rows, words] array, not {bitmask.dtype}"
                              f"{list(bitmask.shape)}")
         if not 0 <= row < bitmask.shape[0]:
             raise IndexError(f"row {row} of a mask of {bitmask.shape[0]} rows")

@@ -51,8 +51,10 @@ def test_fill_refuses_a_buffer_it_would_write_out_of(backend):
     """`fill` writes through the row's address: a wrong dtype, layout or row is refused, not written."""
     matcher = backend.matcher("regex", "[0-9]+")
     words = VOCAB // 32
+    frozen = np.zeros((2, words), np.uint32)
+    frozen.flags.writeable = False
     for bad in (np.zeros((2, words), np.int64), np.zeros((2, 2 * words), np.uint32)[:, ::2],
-                np.zeros(words, np.uint32)):
+                np.zeros(words, np.uint32), frozen):
         with pytest.raises(ValueError):
             matcher.fill(bad, 0)
     with pytest.raises(IndexError):
