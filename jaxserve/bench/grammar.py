@@ -1,6 +1,6 @@
 """Cost of constrained decoding: decode tokens/s of a batch with and without a grammar, in one run.
 
-    python -m jaxserve.bench.grammar                 # batch 8, 64 output tokens, 4 repeats
+    python -m jaxserve.bench.grammar                 # batch 8, 64 output tokens, 8 repeats
     python -m jaxserve.bench.grammar --batch 16
     python -m jaxserve.bench.grammar --eagle3       # also both batches under EAGLE-3 (the embedded draft)
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=8, help="timed passes of each kind (ABBA)")
     parser.add_argument("--eagle3", action="store_true", help="also time both batches under EAGLE-3")
     args = parser.parse_args(argv)
     flags = dict(page_size=16, max_total_tokens=8192, chunked_prefill_size=64,

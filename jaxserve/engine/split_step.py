@@ -62,9 +62,12 @@ def repad_sample(args: tuple, bucket: tuple[int]) -> tuple:
 
 def fill_masks(sampling: SamplingBatch, masks: np.ndarray | None) -> SamplingBatch:
     """`sampling` with `masks` (u32[R, W], R <= rows, or None: no row has a grammar) as its token bitmask;
-    rows past R allow every token."""
+    rows past R allow every token. A mask of all the batch's rows (`fill_bitmask(..., sampling.num_rows)`)
+    is taken as it is, without a copy."""
     if masks is None:
         return sampling
-    full = np.full((sampling.num_rows, masks.shape[1]), 0xFFFFFFFF, np.uint32)
-    full[: masks.shape[0]] = masks
-    return dataclasses.replace(sampling, token_bitmask=full)
+    if masks.shape[0] != sampling.num_rows:
+        full = np.full((sampling.num_rows, masks.shape[1]), 0xFFFFFFFF, np.uint32)
+        full[: masks.shape[0]] = masks
+        masks = full
+    return dataclasses.replace(sampling, token_bitmask=masks)

@@ -132,7 +132,8 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     for token, row in from_prev:
         prev[token] = row
     # rows of requests with a grammar carry its mask (their last token is on the host: see Engine.step)
-    bitmask = fill_bitmask([seq.req.grammar if seq.samples else None for seq in seqs]) if masks else None
+    bitmask = fill_bitmask([seq.req.grammar if seq.samples else None for seq in seqs], meta.num_seqs) \
+        if masks else None
     sampling = build_sampling_batch(rows, meta.num_seqs, bitmask)
     return StepInput(input_ids, prev, meta, sampling)
 

@@ -132,7 +132,7 @@ class PlainStepper:
         # every token before this step is applied now: the grammars are in the state this step samples from
         # (a request that just finished gets no mask: its row is skipped when applied)
         masks = fill_bitmask([s.req.grammar if s.samples and s.req.status is Status.RUNNING else None
-                              for s in batch])
+                              for s in batch], inp.sampling.num_rows)
         sampling = fill_masks(inp.sampling, masks)
         if logits is not None:
             self.inflight = (batch, self.runner.run_sample(logits, sampling), None)

@@ -76,8 +76,8 @@ class SamplingBatch:
 def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
                          token_bitmask: np.ndarray | None = None) -> SamplingBatch:
     """Pack `rows` into a SamplingBatch of `num_rows` rows (the bucket), padding the rest. O(num_rows).
-    `token_bitmask` (u32[R, W] with R <= len(rows), or None): the first R rows' grammar masks; the other
-    rows allow every token.
+    `token_bitmask` (u32[R, W] with R <= len(rows) or R == num_rows, or None): the first R rows' grammar
+    masks; the other rows allow every token. A mask of `num_rows` rows is the batch's own (not copied).
 
     Raises ValueError if there are more rows than `num_rows`, a row has num_generated < 0, or a row uses
     penalties without a penalty_row.
@@ -100,7 +100,7 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
         if row.params.logit_bias:
             ids, values = zip(*row.params.logit_bias, strict=True)
             bias_ids[i, : len(ids)], bias_values[i, : len(ids)] = ids, values
-    if token_bitmask is not None:
+    if token_bitmask is not None and token_bitmask.shape[0] != num_rows:
         mask = np.full((num_rows, token_bitmask.shape[1]), 0xFFFFFFFF, np.uint32)
         mask[: token_bitmask.shape[0]] = token_bitmask
         token_bitmask = mask

@@ -37,10 +37,17 @@ class GrammarMatcher:
         self.num_words = num_words
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
-        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words])."""
-        import llguidance.numpy as llg_numpy
-
-        llg_numpy.fill_next_token_bitmask(self._matcher, bitmask.view(np.int32), row)
+        """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words]: C-contiguous and
+        writeable, else ValueError; a row out of range: IndexError)."""
+        flags = bitmask.flags
+        if bitmask.dtype != np.uint32 or bitmask.ndim != 2 or not (flags.c_contiguous and flags.writeable):
+            raise ValueError(f"a mask is a writeable C-contiguous u32[rows, words] array, not {bitmask.dtype}"
+                             f"{list(bitmask.shape)}")
+        if not 0 <= row < bitmask.shape[0]:
+            raise IndexError(f"row {row} of a mask of {bitmask.shape[0]} rows")
+        # llguidance writes the row through its address (what its numpy helper does, minus a view and a slice)
+        row_bytes = bitmask.shape[1] * 4
+        self._matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + row * row_bytes, row_bytes)
 
     def advance(self, token_id: int) -> None:
         """Consume an output token (one the mask allowed). A token it forbids - impossible when the mask was
@@ -62,13 +69,16 @@ class GrammarMatcher:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
 
-def fill_bitmask(matchers: Sequence[GrammarMatcher | None]) -> np.ndarray | None:
-    """u32[len(matchers), W]: row i the tokens matcher i allows next (all tokens for None); None when no row
-    has a matcher (the step then keeps its unconstrained executable)."""
+def fill_bitmask(matchers: Sequence[GrammarMatcher | None], num_rows: int | None = None) -> np.ndarray | None:
+    """u32[num_rows, W] (num_rows defaults to len(matchers)): row i < len(matchers) the tokens matcher i
+    allows next (all tokens for None), the rows past them all tokens; None when no row has a matcher (the
+    step then keeps its unconstrained executable). One buffer, filled in place, that a step's sampling batch
+    takes as it is."""
     present = [m for m in matchers if m is not None]
     if not present:
         return None
-    mask = np.full((len(matchers), present[0].num_words), 0xFFFFFFFF, np.uint32)
+    mask = np.full((len(matchers) if num_rows is None else num_rows, present[0].num_words), 0xFFFFFFFF,
+                   np.uint32)
     for row, matcher in enumerate(matchers):
         if matcher is not None:
             matcher.fill(mask, row)

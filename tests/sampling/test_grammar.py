@@ -39,9 +39,26 @@ def test_regex_mask_is_every_token_of_digits(backend, tok):
     texts = {i: tok.decode([i], skip_special_tokens=False) for i in range(VOCAB)}
     digits = {i for i, t in texts.items() if t and all(c in "0123456789" for c in t)}
     assert digits and _allowed(mask[1]) == digits
+    padded = fill_bitmask([None, matcher], num_rows=4)  # a step's rows past its sequences allow everything
+    assert padded.shape == (4, VOCAB // 32) and np.array_equal(padded[:2], mask)
+    assert all(_allowed(row) == set(range(VOCAB)) for row in padded[2:])
     matcher.advance(min(digits))
     after = fill_bitmask([matcher])[0]
     assert _allowed(after) == digits | set(tok.eos_token_ids)  # "[0-9]+" may end after one digit
+
+
+def test_fill_refuses_a_buffer_it_would_write_out_of(backend):
+    """`fill` writes through the row's address: a wrong dtype, layout or row is refused, not written."""
+    matcher = backend.matcher("regex", "[0-9]+")
+    words = VOCAB // 32
+    frozen = np.zeros((2, words), np.uint32)
+    frozen.flags.writeable = False
+    for bad in (np.zeros((2, words), np.int64), np.zeros((2, 2 * words), np.uint32)[:, ::2],
+                np.zeros(words, np.uint32), frozen):
+        with pytest.raises(ValueError):
+            matcher.fill(bad, 0)
+    with pytest.raises(IndexError):
+        matcher.fill(np.zeros((2, words), np.uint32), 2)
 
 
 def test_no_matcher_means_no_mask():
