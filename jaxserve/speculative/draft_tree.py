@@ -225,8 +225,8 @@ class TreeDrafter:
     def __init__(self, stepper, tgraph, dgraph) -> None:
         self.w = stepper
         self.k = stepper.topk
-        self._fns = functools.partial(_make_tree_fns, tgraph, dgraph, stepper.num_steps, stepper.topk,
-                                      stepper.num_verify)
+        self._fns = functools.cache(functools.partial(_make_tree_fns, tgraph, dgraph, stepper.num_steps,
+                                                      stepper.topk, stepper.num_verify))  # no graph re-hash
         self.draft_tokens = tuple(b * self.k for b in stepper.seq_buckets)
 
     @property

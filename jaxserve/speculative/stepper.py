@@ -339,7 +339,10 @@ class EagleStepper:
         self.emb = target.embed.embed.embedding[...]
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
         self.seq_buckets = tuple(buckets.seqs)
-        self._fns = functools.partial(_make_fns, tgraph, dgraph, num_steps, topk, max(self.seq_buckets))
+        # the programs per `record` flag, looked up without re-hashing the graphs (an nnx graph's hash walks
+        # the whole module tree: ~0.7 ms per lookup on the embedded model, several lookups per step)
+        self._fns = functools.cache(functools.partial(_make_fns, tgraph, dgraph, num_steps, topk,
+                                                      max(self.seq_buckets)))
         self.last_tokens = jnp.zeros(max(self.seq_buckets), jnp.int32)  # the last plain step's samples
         self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         # an overlapped round reaches up to 2 verify spans past the last applied position
