@@ -34,7 +34,7 @@ from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request
 from jaxserve.engine.runner import Bucket, Programs
 from jaxserve.engine.step_input import StepInput, pad_meta, pad_step_input, pad_to
-from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata
+from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
 from jaxserve.sampling import sample, update_counts
 from jaxserve.speculative.draft_state import extend_and_store
 
@@ -149,13 +149,15 @@ def take_spans(lag: DraftLag, reqs: list[Request], rows: list[int], kv: KVCache)
             for i, p in zip(kept, pages, strict=True)]
 
 
-def catch_up_input(spans: list[Span], *, page_size: int, num_rows: int, token_buckets, seq_buckets,
+def catch_up_input(spans: list[Span], *, ring: int, page_size: int, num_rows: int, seq_buckets,
                    page_buckets) -> tuple:
-    """`catch_up`'s host arguments (ids, meta, rows) for `spans` (non-empty), padding rows at the
-    out-of-range row `num_rows`."""
+    """`catch_up`'s host arguments (ids, meta, rows) for `spans` (non-empty, each at most `ring` long),
+    padding rows at the out-of-range row `num_rows`. The tokens are padded to `ring` per sequence of the
+    sequence bucket, so one program per (sequences, pages) bucket serves every lag."""
+    seqs = pick_bucket(len(spans), seq_buckets, "num_seqs")
     steps = [SequenceStep(len(s.ids), s.start + len(s.ids), s.page_ids) for s in spans]
-    meta = build_attention_metadata(steps, page_size=page_size, token_buckets=token_buckets,
-                                    seq_buckets=seq_buckets, page_buckets=page_buckets)
+    meta = build_attention_metadata(steps, page_size=page_size, token_buckets=(seqs * ring,),
+                                    seq_buckets=(seqs,), page_buckets=page_buckets)
     ids = pad_to(np.concatenate([s.ids for s in spans]).astype(np.int32), (meta.num_tokens,))
     rows = np.full(meta.num_seqs, num_rows, np.int32)
     rows[: len(spans)] = [s.row for s in spans]

@@ -398,7 +398,6 @@ class EagleStepper:
         self.aux_ring = jnp.zeros((num_state_rows, AUX_RING, draft.config.fc_in_features),
                                   target.config.jnp_dtype)
         self._lazy = make_lazy_programs(tgraph, dgraph, topk, max(self.seq_buckets), AUX_RING)
-        self.catch_up_tokens = tuple(b * AUX_RING for b in self.seq_buckets)
         self.tree = None
         if kv.mesh is not None:  # every draft-side argument replicated over the mesh (see the class)
             replicated = NamedSharding(kv.mesh, PartitionSpec())
@@ -540,8 +539,8 @@ class EagleStepper:
     def _extend_spans(self, spans: list[Span]) -> None:
         if not spans:
             return
-        ids, meta, rows = catch_up_input(spans, page_size=self.kv.page_size, num_rows=self.states[0].shape[0],
-                                         token_buckets=self.catch_up_tokens, seq_buckets=self.seq_buckets,
+        ids, meta, rows = catch_up_input(spans, ring=AUX_RING, page_size=self.kv.page_size,
+                                         num_rows=self.states[0].shape[0], seq_buckets=self.seq_buckets,
                                          page_buckets=self.page_buckets)
         self.stats["draft_catch_ups"] += 1
         self.dpool, self.states = self._lazy[1].call(
