@@ -390,6 +390,8 @@ class EagleStepper:
         self.policy, self.disable_batch_size = policy, disable_batch_size
         self.options = (0, num_steps)
         self.costs: dict[int, _Costs] = {}  # per seq bucket
+        # per decoding request, over its own rounds: [drafts accepted, drafts whose parent was accepted]
+        self.acceptance: dict[Request, list[int]] = {}
         self._prev_decode: tuple[int, int] | None = None  # (seq bucket, choice) of the last step if decode
         # plain decode steps defer the draft extend (`lazy_draft`): per state row, the target's captured
         # states at the last AUX_RING decoded positions, and which requests' draft trails from where
@@ -552,8 +554,9 @@ class EagleStepper:
         the batch size and what earlier steps measured (`policy.choose_draft_steps`)."""
         bucket = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
         costs = self.costs.setdefault(bucket, _Costs())
+        rate, fresh = self.batch_acceptance(reqs)
         choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
-                                    disable_batch_size=self.disable_batch_size, accept_rate=self.accept_rate,
+                                    disable_batch_size=self.disable_batch_size, accept_rate=rate, fresh=fresh,
                                     costs=costs.view())
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
@@ -617,6 +620,20 @@ class EagleStepper:
         """Measured probability that a draft is accepted given its parent was (None before any round)."""
         reached = self.stats["reached"]
         return self.stats["accepted"] / reached if reached else None
+
+    def batch_acceptance(self, reqs: list[Request]) -> tuple[float | None, bool]:
+        """(`accept_rate` pooled over the rounds `reqs` themselves ran, else over every round so far; whether
+        any of `reqs` has run no round yet). Acceptance depends on the text: a new request's drafts may be
+        accepted whatever earlier requests saw."""
+        accepted = reached = 0
+        fresh = False
+        for req in reqs:
+            mine = self.acceptance.get(req)
+            if mine is None:
+                fresh = True
+            else:
+                accepted, reached = accepted + mine[0], reached + mine[1]
+        return (accepted / reached if reached else self.accept_rate), fresh
 
     def _round_end(self, req: Request, prev: _Round | None, num_tokens: int) -> int:
         """Slots a request needs for this step: `num_tokens` past `num_computed`, and past the furthest start
@@ -797,6 +814,8 @@ class EagleStepper:
             self.stats["verified"] += self.num_steps
             self.stats["accepted"] += accepted
             self.stats["reached"] += min(accepted + 1, self.num_steps)  # drafts whose parent was accepted
+            mine = self.acceptance.setdefault(req, [0, 0])
+            mine[0], mine[1] = mine[0] + accepted, mine[1] + min(accepted + 1, self.num_steps)
             for token, logprob, top in zip(new, logps, tops, strict=True):
                 if req.append_output(token, logprob, *top) is not None:
                     finished.append(req)
@@ -832,6 +851,7 @@ class EagleStepper:
         """Drop a request's draft state (finish, abort, retraction); its state row is free again."""
         self.rows.release(req)
         self.lag.forget(req)
+        self.acceptance.pop(req, None)
 
     @property
     def num_compiles(self) -> dict[str, int]:
