@@ -10,7 +10,8 @@ draft then catches up over all deferred positions at once (`catch_up`: one ragge
 extend the plain steps would have run, position p fed token p + 1 with the target's state at p):
 - before a round, for the requests that lag (switching back to rounds stays lossless and keeps the
   draft's acceptance);
-- before a plain step that would overwrite a ring column still needed (every `ring` plain steps);
+- before a plain step that would overwrite a ring column still needed (every `ring` plain steps), over
+  the positions whose next token is on the host, without waiting for the step in flight;
 - when lagging requests finish: their spans are read as the scheduler finishes them (before their slots
   go to the prefix tree) and extended together right after, before anything can reuse those slots, so
   the draft KV the tree caches is the draft KV the round path would have left.
@@ -136,11 +137,14 @@ class Span:
 
 def take_spans(lag: DraftLag, reqs: list[Request], rows: list[int], kv: KVCache) -> list[Span]:
     """The lagging `reqs`' deferred spans (`rows[i]`: request i's ring row), read now (while they hold
-    their slots) and dropped from `lag`. A span covers positions `[since, end)`, `end = min(num_computed,
-    tokens on the host - 1)`: every position with target KV whose next token is known; empty ones are
-    left out."""
+    their slots). A span covers positions `[since, end)`, `end = min(num_computed, tokens on the host - 1)`:
+    every position with target KV whose next token is known; empty ones are left out. `lag` keeps what
+    is left (`since = end`: a position whose next token is still in flight on device)."""
     since = [lag.since.pop(r) for r in reqs]
     ends = [min(r.num_computed, int(r.prompt_ids.shape[0]) + len(r.output_ids) - 1) for r in reqs]
+    for req, start, end in zip(reqs, since, ends, strict=True):
+        if req.num_computed > max(start, end):
+            lag.since[req] = max(start, end)
     kept = [i for i, (e, s) in enumerate(zip(ends, since, strict=True)) if e > s]
     if not kept:
         return []

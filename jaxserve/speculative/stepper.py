@@ -527,8 +527,9 @@ class EagleStepper:
         return _PlainStep(batch, out, inp.meta, inp.meta.num_tokens, None)
 
     def _catch_up(self, reqs: list[Request]) -> None:
-        """Run the draft extends that plain steps deferred for the lagging `reqs` (every token they need
-        on the host), in one call: their draft state is then what rounds would have left."""
+        """Run the draft extends that plain steps deferred for the lagging `reqs`, in one call, up to the
+        last position whose next token is on the host (`lazy_draft.take_spans`): with nothing in flight,
+        their draft state is then what rounds would have left."""
         if reqs:
             self._extend_spans(take_spans(self.lag, reqs, [self.rows[r] for r in reqs], self.kv))
 
@@ -594,8 +595,8 @@ class EagleStepper:
 
         defer = not self.recording  # diagnostics record the draft's top-1 of every extend as it runs
         if defer and self.lag.ring_full([r for r in reqs if r in self.rows]):
-            # a ring column still needed would be overwritten: apply the step in flight, catch up
-            finished, prev = finished + self.drain(), None
+            # a ring column still needed would be overwritten: catch up over the positions whose next token
+            # the host has (all but the one the step in flight feeds)
             self._catch_up(self.lag.lagging([r for r in reqs if r.status is Status.RUNNING
                                              and r in self.rows]))
         room = self._make_room(live(reqs), num_tokens=1, retract=prev is None)
