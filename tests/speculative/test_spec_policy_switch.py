@@ -1,6 +1,7 @@
 """Adaptive speculation stays lossless when a request switches between EAGLE-3 rounds and plain steps
-mid-request: the plain step extends the draft over each new token, so a later round starts from a usable
-draft state (it still accepts drafts) and greedy output equals the plain engine's token for token."""
+mid-request: the draft catches up over the plain steps' tokens before the next round, so that round starts
+from a usable draft state (it still accepts drafts) and greedy output equals the plain engine's token for
+token."""
 
 from __future__ import annotations
 
