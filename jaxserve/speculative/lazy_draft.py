@@ -19,6 +19,11 @@ A retracted request's decoded positions are not cached (its prefill recomputes t
 an aborted one's are freed: both just drop their lag.
 
 `DraftLag` is the host's record: per lagging request, the first position whose draft KV is missing.
+
+Cost, measured on the embedded model (CPU, device programs alone, same run): the deferred plain step
+costs what the plain engine's step costs (5.69 vs 5.67 ms at 32 requests, 9.28 vs 9.38 ms at 64); a
+catch-up over 16 positions of 32 (64) requests costs 7.1 (16.2) ms, ~0.45 ms per plain step (the extend
+inside each plain step cost ~1.1 ms at 32). The catch-ups are the rest of the gap to the plain engine.
 """
 
 from __future__ import annotations
