@@ -10,9 +10,8 @@ free (allocator), in the tree, or private to one live request (`CachedReq.kv_slo
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from jax.sharding import Mesh
@@ -107,24 +106,6 @@ class KVCache:
         if tail.shape[0]:
             self.allocator.free(tail)
         req.truncate_slots(min(num_tokens, slots.shape[0]))
-
-    @contextlib.contextmanager
-    def borrow(self, spans: list[tuple[CachedReq, int, int]]) -> Iterator[None]:
-        """Lend each request slots for `[start, stop)` (as `extend_many`) for the body of the `with`, then
-        take them back all at once by restoring the allocator's state from before (O(1), no per-slot frees)
-        and cutting the requests' slots back to `start`. The body may read the slots (build step metadata)
-        but must not allocate or free; a step dispatched with them must use them before any later step
-        that reuses them (device order guarantees it for steps dispatched in order). Raises RuntimeError
-        if the pool cannot lend them (callers `reserve` first)."""
-        backup = self.allocator.state
-        if not self.extend_many(spans):
-            raise RuntimeError("scratch allocation failed after room was made (a bug)")
-        try:
-            yield
-        finally:
-            for req, start, _ in spans:
-                req.truncate_slots(start)
-            self.allocator.state = backup
 
     def _evict_for(self, num_slots: int) -> None:
         if self.hybrid:

@@ -1,12 +1,13 @@
-"""Tree drafting (`speculative_eagle_topk` K > 1): a round is one jitted call and one read of its verdict.
+"""Tree drafting (`speculative_eagle_topk` K > 1): the tree round's jitted programs. The host side (slots,
+metadata, overlap) is the chain round's: `round_plan`, `shift`, `stepper`.
 
 Drafting: the frontier starts as the K best next tokens of the draft's last step (depth 1, score =
 log-probability). Each of the S - 1 draft steps feeds the K frontier tokens of every request at once (draft
-position n + s - 1 for depth s, scratch key indices `n + (s-1)K .. n + sK - 1`, borrowed and returned by
-restoring the allocator's previous immutable state before the call is dispatched); a node attends to the
-prefix, its ancestors' scratch keys and itself (a mask built on device from per-node ancestor bits). Each
-node proposes its K best children (score = parent score + log-probability); the K best of the K*K become
-the next frontier. Candidates: the K depth-1 nodes and the K*K children of every step.
+position n + s - 1 for depth s, scratch key indices `n + (s-1)K .. n + sK - 1`, the request's own slots,
+overwritten by the round's draft extend); a node attends to the prefix, its ancestors' scratch keys and
+itself (a mask built on device from per-node ancestor bits). Each node proposes its K best children (score
+= parent score + log-probability); the K best of the K*K become the next frontier. Candidates: the K
+depth-1 nodes and the K*K children of every step.
 
 Selection, on device (`select_tree`): the `num_draft_tokens - 1` best-scored candidates (parents score
 higher than children, so the set is closed under parents; ties keep lower candidate indices) plus the last
@@ -17,7 +18,9 @@ Verify, in the same call: the target over the N nodes; `rejection.verify_tree` w
 child whose token is the target's argmax; sampled requests: exact rejection sampling over the children,
 best-scored first; penalties count the drafted path); the accepted nodes' target KV is moved (`move_kv`,
 all layers, both pool groups) to the consecutive slots n+1 .. n+a so that the request's KV stays a plain
-sequence; the draft extends over n .. n+a (a plain causal chain) to give the next round's state.
+sequence; the draft extends over n .. n+a (a plain causal chain) to give the next round's state, and the
+accepted count and last token are kept per state row so that a round dispatched before this one's verdict
+is read continues from them on device (`shift.continue_round`: the overlapped schedule, as for chains).
 
 Constrained rounds (a request in the batch has a grammar): two calls, `tree_draft` (drafting and selection)
 and `tree_verify` (the rest), with the host between them: it reads the selected trees, walks each grammar
@@ -25,10 +28,6 @@ over its tree (`grammar_draft.walk_tree`: per-node masks, forced tokens substitu
 refuses cut with their subtrees)
 and verifies with those masks, constrained requests matching the plain sampler's draws (their output is
 the plain engine's, greedy or seeded).
-
-Slots: the scratch is returned before the verify span is allocated, so the verify span of one request may
-reuse another's scratch slots. Safe inside one program: the draft steps read and write the scratch (in the
-draft pool) before the verify and the extend write anything, and data dependence orders them.
 """
 
 from __future__ import annotations
@@ -41,14 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
+from jaxserve.engine.runner import Programs
+from jaxserve.engine.step_input import pad_meta, pad_sampling, pad_to
 from jaxserve.memory.kv_pool import move_kv
-from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch
-from jaxserve.speculative.draft_state import extend_and_store
-from jaxserve.speculative.grammar_draft import walk_tree
+from jaxserve.speculative.draft_state import extend_and_store, store
 from jaxserve.speculative.rejection import count_emitted, path_nodes, verify_tree
-
-_PAD_PARAMS = SamplingParams(temperature=0.0)
+from jaxserve.speculative.shift import continue_round
 
 
 def draft_candidates(draft, dpool, emb, top_ids, top_logp, hidden, metas, prefix_lens, *, num_steps: int):
@@ -144,8 +141,18 @@ def tree_mask(parents, prefix_lens, max_kv_len: int, num_steps: int):
     return ((rel < 0) | ((rel < num_nodes) & look)).reshape(rows * num_nodes, max_kv_len)
 
 
+def _prefix_lens(meta, num_nodes: int):
+    """Per sequence, the key index of the root (the verify's first key; 0 for padding rows)."""
+    return jnp.maximum(meta.kv_lens - num_nodes, 0)
+
+
 @functools.lru_cache(maxsize=16)
-def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, record: bool):
+def make_tree_programs(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int,
+                       record: bool) -> tuple[Programs, Programs, Programs]:
+    """The tree round's programs for one (target, draft) graph pair: `tree_round` (arguments and results as
+    the chain round's, see `round_plan.RoundPlan.inputs`), and a constrained round's two halves
+    `tree_draft` and `tree_verify`. `record`: the draft extend also returns its top-1 at every position."""
+    advance = min(num_steps, num_nodes - 1) + 1  # the most a round moves a request (`round_plan`)
 
     def tree_draft(dparams, dpool, states, emb, state_rows, last, draft_metas, prefix_lens):
         """Draft and select the trees: (draft pool, tokens, parents, depths, children) as `select_tree`."""
@@ -158,12 +165,15 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, re
             cands = (top_ids, top_logp, jnp.full(top_ids.shape, -1, jnp.int32))
         return dpool, *select_tree(*cands, last, num_nodes=num_nodes, num_steps=num_steps, topk=topk)
 
-    def tree_verify(tparams, dparams, pools, dpool, penalties, states, emb, dest, tokens, parents, depths,
-                    children, exact, prefix_lens, meta, ext_meta, sampling):
+    def tree_verify(tparams, dparams, pools, dpool, penalties, states, shifts, emb, dest, tokens, parents,
+                    depths, children, exact, meta, sampling):
         """Verify the selected trees (`exact`: rows walked by matching the plain sampler's draws, see
         `rejection.verify_tree`; None: none), walk, count the emitted tokens, move the accepted nodes'
-        target KV to consecutive slots, draft-extend over them and store the next draft state."""
+        target KV to consecutive slots, draft-extend over them, store the next draft state and, per state
+        row, the accepted drafts and last emitted token (`shifts`, read by an overlapped next round)."""
         draft = nnx.merge(dgraph, dparams)
+        prefix_lens = _prefix_lens(meta, num_nodes)
+        ext_meta = meta  # the verify span as a plain chain: where the draft extend writes
         meta = dataclasses.replace(
             meta, positions=(prefix_lens[:, None] + depths).reshape(-1),
             custom_mask=tree_mask(parents, prefix_lens, meta.max_kv_len, num_steps))
@@ -195,21 +205,27 @@ def _make_tree_fns(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int, re
         dpool, states, top1 = extend_and_store(
             draft, ids.reshape(-1), aux[rows_in.reshape(-1)], ext_meta, dpool, emb, states, dest,
             jnp.arange(rows) * nodes + verdict.num_accepted, topk=topk, record=record)
-        return pools, dpool, penalties, states, verdict, top1
+        last_tok = jnp.take_along_axis(verdict.emitted, verdict.num_accepted[:, None], axis=1)[:, 0]
+        shifts = store(shifts, dest, (verdict.num_accepted, last_tok))
+        return pools, dpool, penalties, states, shifts, verdict, top1
 
-
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
-    def tree_round(tparams, dparams, pools, dpool, penalties, states, emb, state_rows, dest, last,
-                   draft_metas, prefix_lens, meta, ext_meta, sampling):
-        """`tree_draft` then `tree_verify`: one call, no host sync."""
+    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
+    def tree_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
+                   last, draft_metas, meta, sampling):
+        """`tree_draft` then `tree_verify`: one call, no host sync. Sequences flagged `shifted` continue the
+        previous round on device (`shift.continue_round`)."""
+        last, draft_metas, meta, sampling = continue_round(shifts, state_rows, shifted, last, draft_metas,
+                                                           meta, sampling, advance=advance)
         dpool, tokens, parents, depths, children = tree_draft(dparams, dpool, states, emb, state_rows, last,
-                                                              draft_metas, prefix_lens)
-        return tree_verify(tparams, dparams, pools, dpool, penalties, states, emb, dest, tokens, parents,
-                           depths, children, None, prefix_lens, meta, ext_meta, sampling)
+                                                              draft_metas, _prefix_lens(meta, num_nodes))
+        return tree_verify(tparams, dparams, pools, dpool, penalties, states, shifts, emb, dest, tokens,
+                           parents, depths, children, None, meta, sampling)
 
-    # a constrained round's two halves (the host walks the grammars between them: `grammar_draft`)
-    return (tree_round, jax.jit(tree_draft, donate_argnames=("dpool",)),
-            jax.jit(tree_verify, donate_argnames=("pools", "dpool", "penalties", "states")))
+    # fixed arguments: target params, draft params, embedding table (see `Programs`)
+    donated = ("pools", "dpool", "penalties", "states", "shifts")
+    return (Programs(tree_round, "tree_round", fixed=(0, 1, 7)),
+            Programs(jax.jit(tree_draft, donate_argnames=("dpool",)), "tree_draft", fixed=(0, 3)),
+            Programs(jax.jit(tree_verify, donate_argnames=donated), "tree_verify", fixed=(0, 1, 7)))
 
 
 def _fit(x: jax.Array, width: int) -> jax.Array:
@@ -219,84 +235,26 @@ def _fit(x: jax.Array, width: int) -> jax.Array:
     return jnp.concatenate([x, jnp.broadcast_to(x[:, -1:], (x.shape[0], width - x.shape[1]))], axis=1)
 
 
-class TreeDrafter:
-    """The tree path of an `EagleStepper`: one jitted call and one read of the verdict per round."""
+def repad_tree_draft(args: tuple, bucket: tuple[int, int]) -> tuple:
+    """`tree_draft`'s arguments padded to the bucket (seqs, pages): padding rows read state row 0, root
+    token 0, prefix 0."""
+    s, p = bucket
+    state_rows, last, draft_metas, prefix_lens = args[4:]
+    if draft_metas is not None:
+        width = draft_metas.positions.shape[-1] // state_rows.shape[0]
+        draft_metas = pad_meta(draft_metas, s * width, s, p)
+    return (*args[:4], pad_to(state_rows, (s,)), pad_to(last, (s,)), draft_metas, pad_to(prefix_lens, (s,)))
 
-    def __init__(self, stepper, tgraph, dgraph) -> None:
-        self.w = stepper
-        self.k = stepper.topk
-        self._fns = functools.cache(functools.partial(_make_tree_fns, tgraph, dgraph, stepper.num_steps,
-                                                      stepper.topk, stepper.num_verify))  # no graph re-hash
-        self.draft_tokens = tuple(b * self.k for b in stepper.seq_buckets)
 
-    @property
-    def num_compiles(self) -> dict[str, int]:
-        variants = [self._fns(r) for r in (False, True)]
-        return {name: sum(f[i]._cache_size() for f in variants)
-                for i, name in enumerate(("tree_round", "tree_draft", "tree_verify"))}
-
-    def round(self, reqs, starts):
-        """Allocate (the draft scratch borrowed and returned by restoring the allocator state, then the
-        verify span), build the metadata, run the round. Per request (accepted drafts, new tokens, their
-        logprobs, verify rows of the path), as `EagleStepper.results`."""
-        w, kv, k, steps, nv = self.w, self.w.kv, self.k, self.w.num_steps, self.w.num_verify
-        state_rows = w.state_rows(reqs)
-        num_rows = state_rows.shape[0]
-        draft_metas = None
-        if steps > 1:
-            scratch = (steps - 1) * k
-            # the scratch slots go back when the metadata is built; the verify span may take some of them in
-            # this same round: the draft steps read and write them before anything else does
-            with kv.borrow([(r.cached, n, n + scratch) for r, n in zip(reqs, starts, strict=True)]):
-                pages, _ = kv.page_ids_many([r.cached for r in reqs], [n + scratch for n in starts])
-                width = pick_bucket(max(p.shape[0] for p in pages), w.page_buckets, "pages_per_sequence")
-                metas = [build_attention_metadata(
-                    [SequenceStep(k, n + s * k, p, positions=[n + s - 1] * k)
-                     for n, p in zip(starts, pages, strict=True)],
-                    page_size=kv.page_size, token_buckets=self.draft_tokens, seq_buckets=w.seq_buckets,
-                    page_buckets=(width,)) for s in range(1, steps)]
-                draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
-        if not kv.extend_many([(r.cached, n, n + nv) for r, n in zip(reqs, starts, strict=True)]):
-            raise RuntimeError("verify allocation failed after room was made (a bug)")
-        swa_from = [kv.window_start(n) for n in starts]  # SWA ids only where the window reaches
-        full, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts], swa_from)
-        swa = swa if swa is not None else [None] * len(reqs)
-        steps_v = [SequenceStep(nv, n + nv, f, s_, swa_first_page=kv.swa_first_page(a))
-                   for n, f, s_, a in zip(starts, full, swa, swa_from, strict=True)]
-        buckets = dict(token_buckets=w.verify_tokens, seq_buckets=w.seq_buckets, page_buckets=w.page_buckets)
-        meta = build_attention_metadata(steps_v, page_size=kv.page_size, with_swa=kv.hybrid, **buckets)
-        ext_meta = build_attention_metadata([SequenceStep(nv, n + nv, f) for n, f in zip(starts, full,
-                                                                                          strict=True)],
-                                            page_size=kv.page_size, **buckets)
-        rows = w.sampling_rows(reqs, [[0] * nv] * len(reqs))  # + depth, on device
-        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * (meta.num_tokens - len(rows))
-        dest = np.full(num_rows, w.states[0].shape[0], np.int32)  # padding rows: dropped
-        dest[: len(reqs)] = state_rows[: len(reqs)]
-        last = np.zeros(num_rows, np.int32)
-        last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
-        prefix = np.zeros(num_rows, np.int32)
-        prefix[: len(starts)] = starts
-        sampling = build_sampling_batch(rows, meta.num_tokens)
-        fns = self._fns(w.recording)
-        if any(r.grammar is not None for r in reqs):
-            w.dpool, *tree = fns[1](w.dparams, w.dpool, w.states, w.emb, state_rows, last, draft_metas,
-                                    prefix)
-            tokens, parents, depths, children = jax.device_get(tree)
-            matchers = [r.grammar for r in reqs]
-            tokens, children, bitmask = walk_tree(matchers, tokens, parents, children,
-                                                  next(m for m in matchers if m is not None).num_words)
-            exact = np.zeros(num_rows, bool)
-            exact[: len(reqs)] = [m is not None for m in matchers]
-            w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = fns[2](
-                w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, dest, tokens,
-                parents, depths, children, exact, prefix, meta, ext_meta,
-                dataclasses.replace(sampling, token_bitmask=bitmask))
-        else:
-            w.kv.pools, w.dpool, w.runner.penalties, w.states, verdict, top1 = fns[0](
-                w.tparams, w.dparams, w.kv.pools, w.dpool, w.runner.penalties, w.states, w.emb, state_rows,
-                dest, last, draft_metas, prefix, meta, ext_meta, sampling)
-        results = w.results(verdict, reqs)
-        w.record_extend(ext_meta, top1, results)
-        w.stats["tree_kv_moved"] += sum(int(r - i * nv != j) for i, (_, _, _, vrows, _) in enumerate(results)
-                                        for j, r in enumerate(vrows))
-        return results
+def repad_tree_verify(args: tuple, bucket: tuple[int, int]) -> tuple:
+    """`tree_verify`'s arguments padded to the bucket (seqs, pages): padding rows store nothing
+    (out-of-range row) and verify a lone greedy root (its other nodes padding), not matched exactly."""
+    s, p = bucket
+    states, (dest, tokens, parents, depths, children, exact, meta, sampling) = args[5], args[8:]
+    nodes = tokens.shape[1]
+    lone = np.full(nodes, -2, np.int32)
+    lone[0] = -1
+    parents = np.concatenate([np.asarray(parents), np.broadcast_to(lone, (s - parents.shape[0], nodes))])
+    return (*args[:8], pad_to(dest, (s,), states[0].shape[0]), pad_to(tokens, (s, None)), parents,
+            pad_to(depths, (s, None), 1), pad_to(children, (s, None, None), -1), pad_to(exact, (s,), False),
+            pad_meta(meta, s * nodes, s, p), pad_sampling(sampling, s * nodes))

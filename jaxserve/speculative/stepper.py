@@ -15,11 +15,10 @@ is valid only next to token i + 1.
 
 Chain round (one per step, for every decoding request): ONE jitted call, then ONE read of the verdict
 (4 small arrays) by the host.
-1. The host allocates slots for positions n .. n+S (the verify span); the S-1 draft steps write their
-   scratch draft KV into the first S-1 of them (positions n .. n+S-2), a Python loop unrolled under jit with
-   no host sync between steps. The slots are the verify's own, so nothing is borrowed and returned on this
-   path (the tree path borrows a wider scratch and returns it by restoring the allocator's previous
-   immutable state).
+1. The host plans the round (`round_plan`, the same planner for chains and trees, which differ only in
+   their jitted programs): slots for positions n .. n+S (the verify span), all the request's own; the S-1
+   draft steps write their scratch draft KV into the first S-1 of them (positions n .. n+S-2), a Python
+   loop unrolled under jit with no host sync between steps.
 2. Verify: the target runs over `[x, d1 .. dS]` (causal: a chain); `rejection.verify_tree` walks it (greedy
    match or rejection sampling, penalties counting the drafted tokens) and the penalty pool counts the
    emitted tokens.
@@ -41,18 +40,18 @@ therefore stays lossless and keeps the draft's acceptance. Plain steps overlap l
 a plain step after a plain step reads its pending last token on device. With `record_draft_top1` a plain
 step is the prefill program over one token per request (target and draft extend at once).
 
-Overlapped rounds (chains; the default unless `disable_overlap_schedule`): a decode step dispatches
-round t+1 before reading round t's verdict, then applies round t while the device runs t+1, so the host's
-bookkeeping hides behind device work. Round t+1 is built for each request as if every draft of round t were
-accepted (start n + S + 1, slots allocated that far) and moved back on device (`shift.shift_meta`) by what
-round t accepted; its last token and output count come from round t's verdict too (kept per state row in
-`shifts`). A request that finished in round t ran round t+1 for nothing: its results there are dropped, its
-slots are already back (device order keeps the late writes ahead of any reuse). A prefill, or nothing left
-to decode, or a switch between rounds and plain steps, first applies the step in flight (`drain`). Tree
-rounds, `record_draft_top1` and steps with a grammar-constrained request run synchronously. Sampled outputs
-are the same under both schedules (same steps, same keys).
+Overlapped rounds (chains and trees; the default unless `disable_overlap_schedule`): a decode step
+dispatches round t+1 before reading round t's verdict, then applies round t while the device runs t+1, so
+the host's bookkeeping hides behind device work. Round t+1 is planned for each request as if round t
+advanced it the most it can (start n + S + 1 for a chain, slots allocated that far) and moved back on device
+(`shift.continue_round`) by what round t accepted; its last token and output count come from round t's
+verdict too (kept per state row in `shifts`). A request that finished in round t ran round t+1 for
+nothing: its results there are dropped, its slots are already back (device order keeps the late writes
+ahead of any reuse). A prefill, or nothing left to decode, or a switch between rounds and plain steps,
+first applies the step in flight (`drain`). `record_draft_top1` and steps with a grammar-constrained
+request run synchronously. Sampled outputs are the same under both schedules (same steps, same keys).
 
-Constrained round (any request with a grammar; chains): two calls with the host between them. `draft_chain`
+Constrained round (any request with a grammar): two calls with the host between them. `draft_chain`
 drafts the chains and the host reads them; `grammar_draft.walk_drafts` advances each grammar along its
 chain, giving every verify node the mask of the grammar state there, substituting tokens the grammar
 forces and cutting the chain at the first draft it refuses, and rolls the matcher back; `verify_chain`
@@ -63,9 +62,9 @@ matcher then advances over the emitted tokens as they are appended. Tree draftin
 round the same way (`draft_tree`, `grammar_draft.walk_tree`).
 
 Memory: room for the round's slots is made (evicting, then retracting the newest request) before anything is
-allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the chain round per (seqs, pages)
-bucket (the verify's token count is padded to seqs * (S + 1)), and likewise `draft_chain` / `verify_chain`
-once a grammar runs. Sampling parameters and grammar masks are data, not shapes.
+allocated. Compiled shapes: prefill per (tokens, seqs, pages) bucket; the round (chain or tree) per
+(seqs, pages) bucket (the verify's token count is padded to seqs * its nodes), and likewise a constrained
+round's two halves once a grammar runs. Sampling parameters and grammar masks are data, not shapes.
 """
 
 from __future__ import annotations
@@ -99,12 +98,13 @@ from jaxserve.engine.step_input import (
     padding_step_input,
     step_bucket,
 )
-from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata, pick_bucket
+from jaxserve.layers.attention_metadata import pick_bucket
 from jaxserve.models.decoder import CausalLM
-from jaxserve.sampling import SamplingParams, SamplingRow, build_sampling_batch, sample, update_counts
+from jaxserve.sampling import build_sampling_batch, sample, update_counts
 from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
+from jaxserve.speculative.draft_tree import make_tree_programs, repad_tree_draft, repad_tree_verify
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
-from jaxserve.speculative.grammar_draft import walk_drafts
+from jaxserve.speculative.grammar_draft import walk_drafts, walk_tree
 from jaxserve.speculative.lazy_draft import (
     DraftLag,
     Span,
@@ -116,19 +116,21 @@ from jaxserve.speculative.lazy_draft import (
 )
 from jaxserve.speculative.policy import StepCosts, choose_draft_steps
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
+from jaxserve.speculative.round_plan import RoundPlan, RoundPlanner, repad_round
 from jaxserve.speculative.schedule import SpecScheduler
-from jaxserve.speculative.shift import shift_meta
+from jaxserve.speculative.shift import continue_round
 
-_PAD_PARAMS = SamplingParams(temperature=0.0)
 # plain decode steps a request may take before its deferred draft extend must catch up (`lazy_draft`)
 AUX_RING = 16
 
 
 @functools.lru_cache(maxsize=16)
-def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: bool):
+def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_seqs: int, record: bool):
     """The jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and draft
-    extend store the draft's `topk` best next tokens with their log-probabilities); `record`: also return
-    the draft's top-1 at every extended position (diagnostics)."""
+    extend store the draft's `topk` best next tokens with their log-probabilities): the prefill program,
+    then the round program and a constrained round's two halves, a chain's or (`topk > 1`) a tree's
+    (`draft_tree.make_tree_programs`). `record`: also return the draft's top-1 at every extended position
+    (diagnostics)."""
 
     def target_of(params):
         return nnx.merge(tgraph, params)
@@ -175,9 +177,12 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: 
         """Verify the chains `[last, drafts]`, walk them, count the emitted tokens, draft-extend over the
         verified span and store the next draft state. `depth i32[R]` (None: all S): drafts each chain keeps
         (later nodes are not tried); `exact bool[R]` (None: none): rows walked by matching the plain
-        sampler's draws (`rejection.verify_tree`)."""
+        sampler's draws (`rejection.verify_tree`). `sampling` counts outputs before the round: node j
+        samples output g + j."""
         nodes = num_steps + 1
         rows = drafts.shape[0]
+        sampling = dataclasses.replace(sampling, num_generated=sampling.num_generated
+                                       + jnp.tile(jnp.arange(nodes, dtype=jnp.int32), rows))
         tokens = jnp.concatenate([last[:, None], drafts], axis=1)
         logits, pools, aux = target_of(tparams)(tokens.reshape(-1), meta, pools, return_all_logits=True)
         children = jnp.broadcast_to(jnp.asarray(chain_children(nodes)), (rows, nodes, 1))
@@ -201,28 +206,24 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, max_seqs: int, record: 
     def chain_round(tparams, dparams, pools, dpool, penalties, states, shifts, emb, state_rows, dest, shifted,
                     last, draft_metas, meta, sampling):
         """`draft_chain` then `verify_chain` over full chains: one call, no host sync. Sequences flagged
-        `shifted` continue the previous round on device (`shift.shift_meta`): start, last token and output
-        count come from that round's verdict, kept per state row in `shifts` (accepted drafts, last emitted
-        token)."""
-        nodes = num_steps + 1
-        prev_acc = shifts[0][state_rows]
-        delta = jnp.where(shifted, prev_acc + 1 - nodes, 0)
-        last = jnp.where(shifted, shifts[1][state_rows], last)
-        meta = shift_meta(meta, delta)
-        if draft_metas is not None:
-            draft_metas = jax.vmap(shift_meta, in_axes=(0, None))(draft_metas, delta)
-        generated = jnp.repeat(jnp.where(shifted, prev_acc + 1, 0), nodes)
-        sampling = dataclasses.replace(sampling, num_generated=sampling.num_generated + generated)
+        `shifted` continue the previous round on device (`shift.continue_round`): start, last token and
+        output count come from that round's verdict, kept per state row in `shifts` (accepted drafts, last
+        emitted token)."""
+        last, draft_metas, meta, sampling = continue_round(shifts, state_rows, shifted, last, draft_metas,
+                                                           meta, sampling, advance=num_steps + 1)
         dpool, drafts = draft_chain(dparams, dpool, states, emb, state_rows, draft_metas)
         return verify_chain(tparams, dparams, pools, dpool, penalties, states, shifts, emb, dest, last,
                             drafts, None, None, meta, sampling)
 
+    prefill_program = Programs(prefill, "prefill", fixed=(0, 1, 6))
+    if topk > 1:
+        return (prefill_program, *make_tree_programs(tgraph, dgraph, num_steps, topk, num_verify, record))
     # a constrained round's two halves (the host walks the grammars between them: `grammar_draft`)
     draft_program = jax.jit(draft_chain, donate_argnames=("dpool",))
     verify_program = jax.jit(verify_chain,
                              donate_argnames=("pools", "dpool", "penalties", "states", "shifts"))
     # fixed arguments: target params, draft params, embedding table (see `Programs`)
-    return (Programs(prefill, "prefill", fixed=(0, 1, 6)),
+    return (prefill_program,
             Programs(chain_round, "chain_round", fixed=(0, 1, 7)),
             Programs(draft_program, "draft_chain", fixed=(0, 3)),
             Programs(verify_program, "verify_chain", fixed=(0, 1, 7)))
@@ -237,19 +238,6 @@ def _repad_prefill(args: tuple, bucket: Bucket) -> tuple:
     inp = pad_step_input(StepInput(input_ids, prev_rows, meta, sampling), t, s, p)
     return (*args[:8], inp.prev_rows, inp.input_ids, pad_to(next_ids, (t,)), pad_to(from_sample, (t,), -1),
             inp.meta, inp.sampling, pad_to(dest, (s,), states[0].shape[0]))
-
-
-def _repad_chain(args: tuple, bucket: Bucket) -> tuple:
-    """The chain round's arguments padded to the bucket (seqs, pages): padding requests read state row 0,
-    store nothing (out-of-range row), are not shifted and verify greedy padding rows."""
-    s, p = bucket
-    states, (state_rows, dest, shifted, last, draft_metas, meta, sampling) = args[5], args[8:]
-    nodes = meta.num_tokens // state_rows.shape[0]
-    if draft_metas is not None:
-        draft_metas = pad_meta(draft_metas, s, s, p)
-    return (*args[:8], pad_to(state_rows, (s,)), pad_to(dest, (s,), states[0].shape[0]),
-            pad_to(shifted, (s,), False), pad_to(last, (s,)), draft_metas,
-            pad_meta(meta, s * nodes, s, p), pad_sampling(sampling, s * nodes))
 
 
 def _repad_draft(args: tuple, bucket: Bucket) -> tuple:
@@ -274,8 +262,8 @@ def _repad_verify(args: tuple, bucket: Bucket) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class _Round:
-    """A dispatched chain round: its requests (verdict row order), the device verdict, and for diagnostics
-    the host-built metadata and the extend's top-1 ids."""
+    """A dispatched round (chain or tree): its requests (verdict row order), the device verdict, and for
+    diagnostics the host-built verify metadata and the extend's top-1 ids."""
 
     reqs: list[Request]
     members: frozenset
@@ -355,14 +343,16 @@ class EagleStepper:
         self.dpool = make_draft_pool(draft.config, kv.num_pages, kv.page_size, draft.config.jnp_dtype)
         self.seq_buckets = tuple(buckets.seqs)
         # the programs per `record` flag, looked up without re-hashing the graphs (an nnx graph's hash walks
-        # the whole module tree: ~0.7 ms per lookup on the embedded model, several lookups per step)
+        # the whole module tree: ~0.7 ms per lookup, several lookups per step)
         self._fns = functools.cache(functools.partial(_make_fns, tgraph, dgraph, num_steps, topk,
-                                                      max(self.seq_buckets)))
+                                                      self.num_verify, max(self.seq_buckets)))
         self.last_tokens = jnp.zeros(max(self.seq_buckets), jnp.int32)  # the last plain step's samples
-        self.verify_tokens = tuple(b * self.num_verify for b in self.seq_buckets)
         # an overlapped round reaches up to 2 verify spans past the last applied position
         most_pages = min(kv.pages_for(context_length + 2 * self.num_reserve), kv.num_pages)
         self.page_buckets = tuple(sorted({*buckets.pages, max(most_pages, max(buckets.pages))}))
+        # chains and trees: the same slots and step inputs, different programs
+        self.planner = RoundPlanner(kv, num_steps=num_steps, width=topk, num_verify=self.num_verify,
+                                    seq_buckets=self.seq_buckets, page_buckets=self.page_buckets)
         # per decoding request, a row of the device state buffer: the draft's `topk` best next tokens, their
         # log-probabilities and the draft hidden state that produced them (written by prefill and draft
         # extend, read by the next round: never transferred to the host)
@@ -371,8 +361,7 @@ class EagleStepper:
         self.rows = RowPool(num_state_rows)  # which request owns which row of `states` and `shifts`
         # per state row, the last round's accepted drafts and last emitted token (read by an overlapped round)
         self.shifts = (jnp.zeros(num_state_rows, jnp.int32), jnp.zeros(num_state_rows, jnp.int32))
-        # overlapped schedule: the dispatched round (chains) or plain step whose results the host has not
-        # applied yet
+        # overlapped schedule: the dispatched round or plain step whose results the host has not applied yet
         self.overlap = overlap
         self.inflight: _Round | _PlainStep | None = None
         self.scheduler = SpecScheduler(kv, max_tokens=max_tokens, max_running=max_running,
@@ -400,16 +389,11 @@ class EagleStepper:
         self.aux_ring = jnp.zeros((num_state_rows, AUX_RING, draft.config.fc_in_features),
                                   target.config.jnp_dtype)
         self._lazy = make_lazy_programs(tgraph, dgraph, topk, max(self.seq_buckets), AUX_RING)
-        self.tree = None
         if kv.mesh is not None:  # every draft-side argument replicated over the mesh (see the class)
             replicated = NamedSharding(kv.mesh, PartitionSpec())
             self.dparams, self.dpool, self.states, self.shifts, self.last_tokens, self.aux_ring = \
                 jax.device_put((self.dparams, self.dpool, self.states, self.shifts, self.last_tokens,
                                 self.aux_ring), replicated)
-        if topk > 1:
-            from jaxserve.speculative.draft_tree import TreeDrafter
-
-            self.tree = TreeDrafter(self, tgraph, dgraph)
 
     def set_policy(self, policy: str) -> None:
         """Switch the speculation policy (`policy.POLICIES`) from the next decode step on; what was measured
@@ -639,7 +623,7 @@ class EagleStepper:
     def _round_end(self, req: Request, prev: _Round | None, num_tokens: int) -> int:
         """Slots a request needs for this step: `num_tokens` past `num_computed`, and past the furthest start
         the round in flight can give it (`num_computed + S + 1`) when it is in it."""
-        extra = self.num_verify if prev is not None and req in prev.members else 0
+        extra = self.planner.advance if prev is not None and req in prev.members else 0
         return req.num_computed + extra + num_tokens
 
     def _make_room(self, reqs: list[Request], prev: _Round | None = None, *, retract: bool = True,
@@ -667,35 +651,35 @@ class EagleStepper:
         return rows
 
     def decode(self, reqs: list[Request]) -> list[Request]:
-        """One round for `reqs`. Overlapped (chains, unless disabled or recording diagnostics): dispatch this
-        round, then apply the previous one while the device runs this one; its requests that finished there
-        ran this round for nothing, and their results here are dropped. Otherwise dispatch and apply. A
-        plain step in flight is applied first."""
+        """One round for `reqs` (chains or trees alike). Overlapped (unless disabled, recording diagnostics
+        or a grammar constrains a request): dispatch this round, then apply the previous one while the
+        device runs this one; its requests that finished there ran this round for nothing, and their
+        results here are dropped. Otherwise dispatch and apply. A plain step in flight is applied first."""
         if isinstance(self.inflight, _PlainStep):
             finished = self.drain()
             reqs = [r for r in reqs if r.status is Status.RUNNING and r in self.rows]
             return finished + (self.decode(reqs) if reqs else [])
-        if self.overlap and self.tree is None and self.slot_top1 is None and \
-                not any(r.grammar is not None for r in reqs):
+        if self.overlap and self.slot_top1 is None and not any(r.grammar is not None for r in reqs):
             prev = self.inflight
             room = self._make_room(reqs, prev, retract=False)
             if room:  # else (a full pool): apply the round in flight and go on synchronously, retracting
-                self.inflight = self._chain(room, prev)
+                self.inflight = self._round(room, prev)
                 return self._apply(prev, self.inflight.members) if prev is not None else []
         finished = self.drain()
         reqs = self._make_room([r for r in reqs if r.status is Status.RUNNING and r in self.rows])
         if not reqs:
             return finished
-        if self.tree is not None:
-            results = self.tree.round(reqs, [r.num_computed for r in reqs])
-            return finished + self._finish(self._accept(reqs, results, ()))
-        return finished + self._apply(self._chain(reqs, None), ())
+        return finished + self._apply(self._round(reqs, None), ())
 
     def _apply(self, rnd: _Round, next_members) -> list[Request]:
-        """Read a dispatched chain round's verdict and apply it to the requests still decoding; those in
-        `next_members` (the round now in flight) keep slots for its span."""
+        """Read a dispatched round's verdict (the one read of it) and apply it to the requests still
+        decoding; those in `next_members` (the round now in flight) keep slots for its span."""
         results = self.results(rnd.verdict, rnd.reqs)
         self.record_extend(rnd.meta, rnd.top1, results)
+        if self.topk > 1:  # accepted nodes off the first branch, whose target KV the round moved
+            nv = self.num_verify
+            self.stats["tree_kv_moved"] += sum(int(v - i * nv != j) for i, (_, _, _, vrows, _) in
+                                               enumerate(results) for j, v in enumerate(vrows))
         live = [(r, res) for r, res in zip(rnd.reqs, results, strict=True)
                 if r.status is Status.RUNNING and r in self.rows]
         return self._finish(self._accept([r for r, _ in live], [res for _, res in live], next_members))
@@ -706,84 +690,50 @@ class EagleStepper:
             self.forget(req)
         return finished
 
-    def sampling_rows(self, reqs: list[Request], depths: list[list[int]] | np.ndarray) -> list[SamplingRow]:
-        """One sampling row per verified node: node v of request r samples output index g_r + depth."""
-        rows = []
-        for req, ds in zip(reqs, depths, strict=True):
-            done = len(req.output_ids)
-            rows += [SamplingRow(req.params, req.seed, done + int(d), req.penalty_row) for d in ds]
-        return rows
-
-    def _chain(self, reqs: list[Request], prev: _Round | None) -> _Round:
-        """Dispatch the chain round (one call). Requests in `prev` (in flight) are built as if every draft
-        there were accepted and shifted back on device."""
-        kv, nv, steps = self.kv, self.num_verify, self.num_steps
-        ends = [self._round_end(r, prev, self.num_reserve) for r in reqs]
-        spans = [(r.cached, len(r.cached.kv_slots), e) for r, e in zip(reqs, ends, strict=True)]
-        if not kv.extend_many([s for s in spans if s[2] > s[1]]):
-            raise RuntimeError("verify allocation failed after room was made (a bug)")
-        starts = [e - nv for e in ends]  # the furthest start; shifted back on device where in `prev`
-        state_rows = self.state_rows(reqs)
-        num_rows = state_rows.shape[0]
-        last = np.zeros(num_rows, np.int32)
-        last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
-        # SWA ids only where the window reaches, from the earliest start a shift back can give
-        swa_from = [kv.window_start(n - nv) for n in starts]
-        pages, swa = kv.page_ids_many([r.cached for r in reqs], [n + nv for n in starts], swa_from)
-        swa = swa if swa is not None else [None] * len(reqs)
-        vsteps = [SequenceStep(nv, n + nv, p, s, swa_first_page=kv.swa_first_page(a))
-                  for n, p, s, a in zip(starts, pages, swa, swa_from, strict=True)]
-        meta = build_attention_metadata(vsteps, page_size=kv.page_size, with_swa=kv.hybrid,
-                                        token_buckets=self.verify_tokens, seq_buckets=self.seq_buckets,
-                                        page_buckets=self.page_buckets)
-        width = meta.page_table.shape[1]
-        draft_metas = None
-        if steps > 1:
-            metas = [build_attention_metadata(
-                [SequenceStep(1, n + k, p) for n, p in zip(starts, pages, strict=True)],
-                page_size=kv.page_size, token_buckets=self.seq_buckets, seq_buckets=self.seq_buckets,
-                page_buckets=(width,)) for k in range(1, steps)]
-            draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
-        rows = self.sampling_rows(reqs, [range(nv)] * len(reqs))
-        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((num_rows - len(reqs)) * nv)
-        dest = np.full(num_rows, self.states[0].shape[0], np.int32)  # padding rows: dropped
-        dest[: len(reqs)] = state_rows[: len(reqs)]
-        shifted = np.zeros(num_rows, bool)
-        if prev is not None:
-            shifted[: len(reqs)] = [r in prev.members for r in reqs]
-        runner = self.runner
+    def _round(self, reqs: list[Request], prev: _Round | None) -> _Round:
+        """Plan (`round_plan`) and dispatch a round: one call, or two with the host walking the grammars
+        between them when a request is constrained. Requests in `prev` (in flight) are planned as if that
+        round advanced them the most it can and moved back on device."""
+        plan = self.planner.plan(reqs, self.state_rows(reqs), self.states[0].shape[0],
+                                 prev.members if prev is not None else frozenset())
         if any(r.grammar is not None for r in reqs):
-            verdict, top1 = self._constrained(reqs, state_rows, dest, last, draft_metas, meta,
-                                              build_sampling_batch(rows, meta.num_tokens), (num_rows, width))
-            return _Round(reqs, frozenset(reqs), verdict, meta, top1)
-        (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
-         top1) = self._fns(self.recording)[1].call((num_rows, width), (
-             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states,
-             self.shifts, self.emb, state_rows, dest, shifted, last, draft_metas, meta,
-             build_sampling_batch(rows, meta.num_tokens)), _repad_chain)
-        return _Round(reqs, frozenset(reqs), verdict, meta, top1)
+            verdict, top1 = self._constrained(plan)
+        else:
+            (self.kv.pools, self.dpool, self.runner.penalties, self.states, self.shifts, verdict,
+             top1) = self._fns(self.recording)[1].call(plan.bucket, (
+                 self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states,
+                 self.shifts, self.emb, *plan.inputs), repad_round)
+        return _Round(reqs, plan.members, verdict, plan.meta, top1)
 
-    def _constrained(self, reqs: list[Request], state_rows, dest, last, draft_metas, meta, sampling,
-                     bucket: Bucket) -> tuple[Verdict, jax.Array]:
-        """A round with grammar-constrained requests, in two calls: draft the chains, read the drafts, walk
-        each grammar along its chain (`grammar_draft.walk_drafts`: per-node masks, forced tokens, the cut
-        at the first draft the grammar refuses), then verify with those masks. Constrained requests are
-        walked by matching the plain sampler's draws, so their tokens are the plain engine's (greedy and
-        seeded); the others as in a fused round."""
+    def _constrained(self, plan: RoundPlan) -> tuple[Verdict, jax.Array]:
+        """A round with grammar-constrained requests, in two calls: draft (chains, or selected trees), read
+        the drafts, walk each grammar along them (`grammar_draft.walk_drafts` / `walk_tree`: per-node masks,
+        forced tokens, the cut at the first draft the grammar refuses), then verify with those masks.
+        Constrained requests are walked by matching the plain sampler's draws, so their tokens are the plain
+        engine's (greedy and seeded); the others as in a fused round."""
         fns = self._fns(self.recording)
-        self.dpool, drafts = fns[2].call(bucket, (self.dparams, self.dpool, self.states, self.emb, state_rows,
-                                                  draft_metas), _repad_draft)
-        matchers = [r.grammar for r in reqs]
-        tokens, depth, bitmask = walk_drafts(matchers, np.asarray(jax.device_get(drafts)),
-                                             next(m for m in matchers if m is not None).num_words)
-        exact = np.zeros(state_rows.shape[0], bool)
-        exact[: len(reqs)] = [m is not None for m in matchers]
-        sampling = dataclasses.replace(sampling, token_bitmask=bitmask)
-        runner = self.runner
-        (self.kv.pools, self.dpool, runner.penalties, self.states, self.shifts, verdict,
-         top1) = fns[3].call(bucket, (
-             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states,
-             self.shifts, self.emb, dest, last, tokens, depth, exact, meta, sampling), _repad_verify)
+        matchers = [r.grammar for r in plan.reqs]
+        num_words = next(m for m in matchers if m is not None).num_words
+        exact = np.zeros(plan.state_rows.shape[0], bool)
+        exact[: len(plan.reqs)] = [m is not None for m in matchers]
+        if self.topk > 1:
+            prefix = np.maximum(plan.meta.kv_lens - self.num_verify, 0)
+            self.dpool, *tree = fns[2].call(plan.bucket, (
+                self.dparams, self.dpool, self.states, self.emb, plan.state_rows, plan.last, plan.draft_metas,
+                prefix), repad_tree_draft)
+            tokens, parents, depths, children = jax.device_get(tree)
+            tokens, children, bitmask = walk_tree(matchers, tokens, parents, children, num_words)
+            drafted, repad = (tokens, parents, depths, children, exact), repad_tree_verify
+        else:
+            self.dpool, drafts = fns[2].call(plan.bucket, (self.dparams, self.dpool, self.states, self.emb,
+                                                           plan.state_rows, plan.draft_metas), _repad_draft)
+            tokens, depth, bitmask = walk_drafts(matchers, np.asarray(jax.device_get(drafts)), num_words)
+            drafted, repad = (plan.last, tokens, depth, exact), _repad_verify
+        sampling = dataclasses.replace(plan.sampling, token_bitmask=bitmask)
+        (self.kv.pools, self.dpool, self.runner.penalties, self.states, self.shifts, verdict,
+         top1) = fns[3].call(plan.bucket, (
+             self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states,
+             self.shifts, self.emb, plan.dest, *drafted, plan.meta, sampling), repad)
         return verdict, top1
 
     def results(self, verdict: Verdict, reqs: list[Request]) -> list[tuple]:
@@ -822,7 +772,7 @@ class EagleStepper:
                     finished.append(req)
                     break
             end = n + accepted + 1
-            kv.shrink(req.cached, end + (self.num_verify if req in next_members else 0))
+            kv.shrink(req.cached, end + (self.num_reserve if req in next_members else 0))
             req.num_computed = end
         return finished
 
@@ -857,24 +807,22 @@ class EagleStepper:
     @property
     def num_compiles(self) -> dict[str, int]:
         variants = [self._fns(r) for r in (False, True)]
-        counts = {"step": self.runner.num_compiles, "prefill": sum(f[0].num_compiles for f in variants),
-                  "chain_round": sum(f[1].num_compiles for f in variants),
-                  "draft_chain": sum(f[2].num_compiles for f in variants),
-                  "verify_chain": sum(f[3].num_compiles for f in variants),
-                  "plain_capture": self._lazy[0].num_compiles, "catch_up": self._lazy[1].num_compiles}
-        if self.tree is not None:
-            counts.update(self.tree.num_compiles)
+        counts = {"step": self.runner.num_compiles, "prefill": sum(f[0].num_compiles for f in variants)}
+        names = ("chain_round", "draft_chain", "verify_chain"), ("tree_round", "tree_draft", "tree_verify")
+        used, unused = names[::-1] if self.topk > 1 else names
+        counts.update({name: sum(f[i].num_compiles for f in variants) for i, name in enumerate(used, 1)})
+        counts.update(dict.fromkeys(unused, 0))
+        counts.update(plain_capture=self._lazy[0].num_compiles, catch_up=self._lazy[1].num_compiles)
         return counts
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
         """(programs, bucket, abstract arguments) of the programs this stepper's steps can use, ordered by
         `runner.largest_first`: the prefill program per (tokens, seqs, pages) with seqs <= tokens, and
         unless the policy always drafts, the deferred plain decode step per (seqs, pages) and its catch-up
-        per (seqs, pages) at `AUX_RING` tokens per sequence; unless the policy never drafts, the chain
-        round per (seqs, pages). Tree drafting and
-        `record_draft_top1` variants are not planned, nor the constrained round's `draft_chain` and
-        `verify_chain` (compiled when a grammar first runs)."""
-        prefill, chain = self._fns(False)[:2]
+        per (seqs, pages) at `AUX_RING` tokens per sequence; unless the policy never drafts, the round
+        program (chain or tree) per (seqs, pages). The `record_draft_top1` variants are not planned, nor a
+        constrained round's two halves (compiled when a grammar first runs)."""
+        prefill, round_program = self._fns(False)[:2]
         state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
         num_rows = self.states[0].shape[0]
         b = self.buckets
@@ -901,7 +849,7 @@ class EagleStepper:
                 plan.append((catch_up, (t, s, p), (
                     self.dparams, self.dpool, self.states, self.emb, self.aux_ring, np.zeros(t, np.int32),
                     meta, np.full(s, num_rows, np.int32))))
-        if self.tree is not None or self.policy == "never":
+        if self.policy == "never":
             return largest_first(plan)
         nv = self.num_verify
         for s, p in sorted(((s, p) for s in self.seq_buckets for p in self.page_buckets),
@@ -909,13 +857,13 @@ class EagleStepper:
             meta = padding_step_input(self.kv, s * nv, s, p).meta
             draft_metas = None
             if self.num_steps > 1:
-                one = dataclasses.replace(padding_step_input(self.kv, s, s, p).meta, swa_write_slots=None,
-                                          swa_page_table=None)
+                one = dataclasses.replace(padding_step_input(self.kv, s * self.topk, s, p).meta,
+                                          swa_write_slots=None, swa_page_table=None)
                 draft_metas = jax.tree.map(lambda x: np.stack([x] * (self.num_steps - 1)), one)
             zeros = np.zeros(s, np.int32)
-            plan.append((chain, (s, p), (*state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32),
-                                         np.zeros(s, bool), zeros, draft_metas, meta,
-                                         build_sampling_batch([], s * nv))))
+            plan.append((round_program, (s, p), (
+                *state, self.shifts, self.emb, zeros, np.full(s, num_rows, np.int32), np.zeros(s, bool),
+                zeros, draft_metas, meta, build_sampling_batch([], s * nv))))
         return largest_first(plan)
 
     @property

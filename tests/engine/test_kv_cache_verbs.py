@@ -1,11 +1,9 @@
-"""`KVCache`'s memory verbs (`extend_many`, `shrink`, `borrow`, `reserve`) against a brute-force model of slot
+"""`KVCache`'s memory verbs (`extend_many`, `shrink`, `reserve`) against a brute-force model of slot
 ownership: every slot is free or owned by exactly one request, page-granular, whatever the call order."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +35,7 @@ def check_ownership(kv: KVCache, reqs: list[CachedReq], lengths: list[int]) -> N
     assert kv.available_slots() == kv.num_slots - p * sum(len(s) for s in pages)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["extend", "shrink", "borrow"]), st.integers(0, 3),
+ops = st.lists(st.tuples(st.sampled_from(["extend", "shrink"]), st.integers(0, 3),
                          st.integers(0, 40)), min_size=1, max_size=30)
 
 
@@ -55,14 +53,6 @@ def test_verbs_keep_every_slot_owned_once(page_size, script):
             keep = min(n, lengths[i])
             kv.shrink(reqs[i], keep)
             lengths[i] = keep
-        elif op == "borrow" and n > 0:
-            free, held = kv.available_slots(), [r.kv_slots.copy() for r in reqs]
-            if kv.pages_for(lengths[i] + n) - kv.pages_for(lengths[i]) <= free // page_size:
-                with kv.borrow([(reqs[i], lengths[i], lengths[i] + n)]):
-                    assert reqs[i].kv_slots.shape[0] == lengths[i] + n
-                    check_ownership(kv, reqs, [m + n * (j == i) for j, m in enumerate(lengths)])
-                assert kv.available_slots() == free  # all back at once
-                assert all(np.array_equal(a, r.kv_slots) for a, r in zip(held, reqs, strict=True))
         check_ownership(kv, reqs, lengths)
     for req in reqs:
         kv.shrink(req, 0)
@@ -77,14 +67,6 @@ def test_shrink_keeps_the_partial_last_page():
     assert req.kv_slots.shape[0] == 5 and kv.available_slots() == kv.num_slots - 8
     assert kv.extend_many([(req, 5, 8)])  # continues inside its own page: no new page
     assert kv.available_slots() == kv.num_slots - 8
-
-
-def test_borrow_refuses_more_than_the_pool():
-    kv = fresh_kv(1)
-    req = CachedReq(last_node=None)
-    with pytest.raises(RuntimeError, match="scratch"), kv.borrow([(req, 0, kv.num_slots + 1)]):
-        pass
-    assert req.kv_slots.shape[0] == 0 and kv.available_slots() == kv.num_slots
 
 
 def test_reserve_says_whether_the_slots_are_free():

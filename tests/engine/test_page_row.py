@@ -1,7 +1,7 @@
 """The persistent page row of a request (`CachedReq.page_ids`, read by `KVCache.page_ids_many` every step)
 equals a brute-force rebuild from the request's slots after any sequence of slot changes: appends (decode,
-chunked prefill), truncations (retraction's `shrink`, `borrow`'s rollback of scratch/draft slots), whole-row
-assignments (the tree re-pointing a prefix hit or a cached chunk at its own slots) and releases. The SWA
+chunked prefill), truncations (retraction's `shrink`), whole-row assignments (the tree re-pointing a prefix
+hit or a cached chunk at its own slots) and releases. The SWA
 group mapped only from the window's first page equals the full mapping there, and a step built from it
 equals one built from the full mapping wherever the window can see."""
 
@@ -82,7 +82,6 @@ engine_ops = st.lists(st.one_of(
     st.tuples(st.just("admit"), st.integers(0, 3), st.integers(2, 40)),
     st.tuples(st.just("chunk"), st.integers(0, 3), st.integers(1, 24)),
     st.tuples(st.just("decode"), st.integers(0, 3), st.integers(1, 5)),
-    st.tuples(st.just("borrow"), st.integers(0, 3), st.integers(1, 6)),
     st.tuples(st.just("shrink"), st.integers(0, 3), st.floats(0, 1)),
     st.tuples(st.just("retract"), st.integers(0, 3), st.just(0)),
     st.tuples(st.just("finish"), st.integers(0, 3), st.just(0)),
@@ -95,8 +94,8 @@ engine_ops = st.lists(st.one_of(
 def test_kv_verbs_keep_the_row_equal_to_a_rebuild(page_size: int, hybrid: bool, radix: bool, script,
                                                   seed: int) -> None:
     """Through `KVCache` and its tree, as the scheduler drives them: admission with prefix hits (prompts
-    share stems), chunked prefill cached into the tree, decode growth, borrowed scratch slots rolled back,
-    shrink, release (retraction) and finish. After every op, `page_ids_many` equals the rebuild from each
+    share stems), chunked prefill cached into the tree, decode growth, shrink, release (retraction) and
+    finish. After every op, `page_ids_many` equals the rebuild from each
     live request's slots, and the SWA ids mapped from the window equal the full mapping's tail."""
     rng = np.random.default_rng(seed)
     kv = tree_kv(page_size, hybrid, radix=radix)
@@ -137,12 +136,6 @@ def test_kv_verbs_keep_the_row_equal_to_a_rebuild(page_size: int, hybrid: bool, 
                 tokens += new
                 if op == "chunk":
                     kv.tree.cache_unfinished_req(req, tokens)
-        elif op == "borrow":
-            before = req.kv_slots.copy()
-            with kv.borrow([(req, n, n + arg)]):  # draft/scratch slots, rolled back at exit
-                np.testing.assert_array_equal(kv.page_ids(req, n + arg)[0],
-                                              brute_pages(req.kv_slots, page_size, n + arg))
-            np.testing.assert_array_equal(req.kv_slots, before)
         elif op == "shrink":
             keep = max(int(arg * n), req.prefix_len)  # what the request has cached stays
             kv.shrink(req, keep)

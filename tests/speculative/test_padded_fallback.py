@@ -1,9 +1,9 @@
 """A step whose exact bucket is not compiled runs padded to a larger compiled bucket while its own compiles
-in the background (`runner.Programs`), for the plain step and for EAGLE-3's prefill and chain-round
-programs. Reference: the same requests on the same engine once every exact program is compiled. Greedy
-tokens are equal; logprobs agree to 1e-5 (XLA's CPU kernels are chosen per shape: a padded step can round
-a logprob's last bit differently). No program is compiled twice. The background thread is held back until
-the padded run is over, so the padding really happens."""
+in the background (`runner.Programs`), for the plain step and for EAGLE-3's prefill and round programs
+(chain and tree). Reference: the same requests on the same engine once every exact program is compiled.
+Greedy tokens are equal; logprobs agree to 1e-5 (XLA's CPU kernels are chosen per shape: a padded step can
+round a logprob's last bit differently). No program is compiled twice. The background thread is held back
+until the padded run is over, so the padding really happens."""
 
 from __future__ import annotations
 
@@ -61,11 +61,14 @@ def _run(engine, prompts):
                                             for o in outs]
 
 
-@pytest.mark.parametrize("which", [None, "copy"], ids=["plain", "eagle_chain"])
-def test_padded_steps_sample_what_exact_buckets_sample(held_back, which):
+@pytest.mark.parametrize(("which", "tree"), [(None, False), ("copy", False), ("copy", True)],
+                         ids=["plain", "eagle_chain", "eagle_tree"])
+def test_padded_steps_sample_what_exact_buckets_sample(held_back, which, tree):
     spec = {} if which is None else dict(draft_model=sp.draft("gpt_oss", which),
                                          speculative_algorithm="EAGLE3", speculative_num_steps=3,
                                          speculative_policy="always")
+    if tree:
+        spec.update(speculative_eagle_topk=2, speculative_num_draft_tokens=5)
     engine = Engine(model=sp.target("gpt_oss"), page_size=4, max_total_tokens=512, chunked_prefill_size=32,
                     max_running_requests=4, buckets=Buckets((16, 32), (2, 4), (16, 128)), **spec)
     held_back.set()

@@ -107,10 +107,12 @@ def test_greedy_with_penalties_equals_plain(tree):
     engine.flush_cache()
 
 
-def test_overlapped_schedule_matches_the_synchronous_one():
-    """The overlapped chain schedule (round t+1 dispatched before round t's verdict is read, its starts,
-    last tokens and output counts taken from that verdict on device) decides exactly what the synchronous
-    one decides: same tokens for greedy, seeded sampled and penalised requests, same accepted lengths."""
+@pytest.mark.parametrize("drafting", ["chain", "tree"])
+def test_overlapped_schedule_matches_the_synchronous_one(drafting):
+    """The overlapped schedule (round t+1 dispatched before round t's verdict is read, its starts, last
+    tokens and output counts taken from that verdict on device) decides exactly what the synchronous one
+    decides, for chains and trees: same tokens for greedy, seeded sampled and penalised requests, same
+    accepted lengths; overlapped, rounds really are dispatched while another is in flight."""
     prompts = sp.shared_prefix_prompts(seed=13, n=6)
     params = [{**GREEDY, "max_new_tokens": 30},
               {"temperature": 0.9, "top_p": 0.9, "max_new_tokens": 30, "seed": 3},
@@ -118,11 +120,17 @@ def test_overlapped_schedule_matches_the_synchronous_one():
               {**GREEDY, "max_new_tokens": 25, "frequency_penalty": 1.1},
               {"temperature": 0.7, "presence_penalty": 0.8, "max_new_tokens": 30, "seed": 5},
               {**GREEDY, "max_new_tokens": 9}]
+    extra = dict(speculative_eagle_topk=3, speculative_num_draft_tokens=6) if drafting == "tree" else {}
     outs = {}
     for sync in (True, False):
-        engine = sp.engine("llama", num_steps=3, disable_overlap_schedule=sync)
-        outs[sync] = engine.generate(input_ids=prompts, sampling_params=params)
-        assert (engine.stepper.inflight is None) and engine.idle
+        engine = sp.engine("llama", num_steps=3, disable_overlap_schedule=sync, **extra)
+        rids = [engine.submit(input_ids=p, sampling_params=q) for p, q in zip(prompts, params, strict=True)]
+        overlapped = 0  # decode steps that left a round in flight
+        while not engine.idle:
+            engine.step()
+            overlapped += engine.stepper.inflight is not None
+        outs[sync] = [engine.output(r) for r in rids]
+        assert (overlapped == 0) == sync, overlapped
         engine.check_memory()
         engine.flush_cache()
     for a, b in zip(outs[True], outs[False], strict=True):

@@ -102,16 +102,17 @@ def test_last_prefill_chunk_of_one_token_and_tree_drafting_under_retraction():
     engine.flush_cache()
 
 
-@pytest.mark.parametrize("mode", ["chain", "chain-overlap", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "chain-overlap", "tree", "tree-overlap"])
 def test_device_reads_per_round(mode, monkeypatch):
     """Every device -> host read goes through `ArrayImpl._value` (np.asarray, int(), device_get): a chain
     round or tree round reads only its verdict (4 arrays, in one `device_get`).
-    Overlapped, a step dispatches its round and reads the previous one's verdict: the first decode step
-    reads nothing, the last step (nothing left to decode) reads the final verdict."""
+    Overlapped (chains and trees alike), a step dispatches its round and reads the previous one's verdict:
+    the first decode step reads nothing, the last step (nothing left to decode) reads the final verdict."""
     from jax._src import array as jax_array
 
+    tree = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4)
     extra = {"chain": dict(disable_overlap_schedule=True), "chain-overlap": {},
-             "tree": dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4)}[mode]
+             "tree": dict(tree, disable_overlap_schedule=True), "tree-overlap": tree}[mode]
     engine = sp.engine("llama", num_steps=2, **extra)
     prompts = sp.shared_prefix_prompts(seed=9, n=3)
     engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 8})  # compile
@@ -131,7 +132,7 @@ def test_device_reads_per_round(mode, monkeypatch):
         engine.step()
         per_step.append(len(reads))
     assert len(per_step) >= 3 and all(engine.output(r)["meta_info"]["completion_tokens"] == 12 for r in rids)
-    if mode == "chain-overlap":
+    if mode.endswith("overlap"):
         assert per_step[0] == 0 and all(n == 4 for n in per_step[1:]), per_step
     else:
         assert all(n == 4 for n in per_step), per_step
