@@ -82,13 +82,26 @@ def engine_compiles(engine: Engine) -> int:
     return sum(engine.num_compiles.values())
 
 
+# decode programs of an adaptive EAGLE-3 engine whose batch shapes depend on when the policy switches
+ADAPTIVE_PROGRAMS = ("chain_round", "plain_capture", "catch_up")
+
+
 def warm(engine: Engine, batch, params: dict) -> None:
     """The untimed pass(es), each from an empty prefix cache. An adaptive EAGLE-3 engine runs the batch
-    once with rounds only and once with plain steps only (so both paths have compiled every shape the
-    timed passes can reach, whatever the policy picks where), then once under its own policy (so it has
-    measured both)."""
+    once with rounds only and once with plain steps only (so both paths have compiled the shapes those
+    reach), then once under its own policy (so it has measured both); and it compiles its rounds, plain
+    steps and draft catch-ups at every sequence bucket up to the batch size, in the narrowest page-table
+    width (under the adaptive policy requests finish at other steps, so the batch shrinks through other
+    buckets, and a catch-up covers however many lagging requests finish together)."""
     policy = getattr(engine.stepper, "policy", None)
     forced = ("always", "never") if policy == "auto" else ()
+    if policy == "auto":
+        plan = [(prog, bucket, args) for prog, bucket, args in engine.stepper.warm_plan()
+                if prog.name in ADAPTIVE_PROGRAMS]
+        narrowest = min(bucket[-1] for _, bucket, _ in plan)
+        for event in [prog.prepare(bucket, args) for prog, bucket, args in plan
+                      if bucket[-1] == narrowest and bucket[-2] <= len(batch)]:
+            event.wait()
     for p in (*forced, policy):
         if p is not None:
             engine.stepper.set_policy(p)

@@ -9,7 +9,9 @@ the device is busy with the verify's extra tokens and a round can lose to plain 
 Small batches (fewer than `timed_from_batch_size` decoding requests) are decided from acceptance alone:
 there a round costs about what a plain step costs (the step is bound by fixed per-step work), so it pays
 whenever drafts are accepted at all; and a decision without timings gives the same steps to the same
-requests on every run.
+requests on every run. The acceptance is the decoding requests' own (the stepper pools their rounds), and
+a request that has run no round yet gets rounds: acceptance depends on the text, so one request's poor
+drafts (say a server's warm-up prompt) must not turn rounds off for the next.
 
 The model: drafts are accepted left to right, each with probability `accept_rate` given its parent was, so
 a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on average. The stepper
@@ -49,16 +51,17 @@ def expected_tokens(num_draft_steps: int, accept_rate: float) -> float:
 
 def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str = "auto",
                        disable_batch_size: int | None = None, accept_rate: float | None = None,
-                       costs: StepCosts = StepCosts(), min_samples: int = 3, reprobe_after: int = 64,
-                       min_run: int = 3, margin: float = 0.05, timed_from_batch_size: int = 4,
-                       min_small_batch_tokens: float = 1.25) -> int:
+                       fresh: bool = False, costs: StepCosts = StepCosts(), min_samples: int = 3,
+                       reprobe_after: int = 64, min_run: int = 3, margin: float = 0.05,
+                       timed_from_batch_size: int = 4, min_small_batch_tokens: float = 1.25) -> int:
     """The draft steps for the next decode step of `batch_size` requests, one of `options` (which holds 0
     and the configured num_steps, maybe more).
 
     `disable_batch_size`: at this many decoding requests or more, always 0 (a fixed override, any policy).
     `policy="always"`: otherwise the largest option; `policy="never"`: 0. `policy="auto"` below
     `timed_from_batch_size` requests: the largest option while it emits `min_small_batch_tokens` per
-    request or more on average (or no round was measured, or none ran for `reprobe_after` steps), else 0.
+    request or more on average (or no round was measured, or `fresh`: a decoding request has run no round
+    yet, or none ran for `reprobe_after` steps), else 0.
     `policy="auto"` from `timed_from_batch_size` requests on: the previous
     choice is kept until it ran `min_run` steps in a row (so that it gets measured in steady state); then
     an option with fewer
@@ -78,7 +81,7 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
     if policy == "never":
         return 0
     if batch_size < timed_from_batch_size:  # acceptance alone (module docstring), re-tried now and then
-        if accept_rate is None or costs.since_tried.get(largest, reprobe_after) >= reprobe_after:
+        if accept_rate is None or fresh or costs.since_tried.get(largest, reprobe_after) >= reprobe_after:
             return largest
         return largest if expected_tokens(largest, accept_rate) >= min_small_batch_tokens else 0
     if costs.last in options and costs.run_length < min_run:

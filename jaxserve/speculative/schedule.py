@@ -22,14 +22,17 @@ class SpecScheduler(Scheduler):
     """`Scheduler` whose steps contain prefill chunks only; decoding requests are left to the stepper.
 
     A running request decodes once its prefill has sampled (the stepper then holds its draft state:
-    `has_state(req)`), whatever is left to feed; `on_retract(req)` lets the stepper drop that state. Both
-    hooks are the stepper's, given here at construction."""
+    `has_state(req)`), whatever is left to feed; `on_retract(req)` lets the stepper drop that state;
+    `before_finish(req)` (optional) runs as a request finishes, while it still holds its slots (before they
+    go to the prefix tree). The hooks are the stepper's, given here at construction."""
 
     def __init__(self, kv: KVCache, *, has_state: Callable[[Request], bool],
-                 on_retract: Callable[[Request], object], **kwargs) -> None:
+                 on_retract: Callable[[Request], object],
+                 before_finish: Callable[[Request], object] | None = None, **kwargs) -> None:
         super().__init__(kv, **kwargs)
         self.has_state = has_state
         self.on_retract = on_retract
+        self.before_finish = before_finish
 
     def schedule_prefill(self) -> list[ScheduledSeq]:
         """Continuations of running prefills (oldest first), then admissions, within the token budget and the
@@ -73,3 +76,8 @@ class SpecScheduler(Scheduler):
 
     def finish(self, req: Request) -> None:
         self._finish(req)
+
+    def _finish(self, req: Request) -> None:
+        if self.before_finish is not None:
+            self.before_finish(req)
+        super()._finish(req)

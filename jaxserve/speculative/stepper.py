@@ -31,11 +31,14 @@ extended, so every position the tree caches has draft KV computed with its true 
 
 Plain step (adaptive speculation, `policy.choose_draft_steps`): per decode step the stepper runs either a
 round or a plain step, from the running batch size and what it measured (seconds per step of each kind
-in this batch-size bucket, acceptance so far). A plain step is the prefill program over one token per
-request: the target decodes `x` at position n and samples `y`, and the draft extends at position n with
-`y` and the captured states, leaving exactly the state a round would have left (n + 1 computed, `y`
-known, its `d1` stored). Switching back to rounds therefore costs nothing and stays lossless. Plain steps
-overlap like the plain stepper's: a plain step after a plain step reads its pending last token on device.
+in this batch-size bucket, acceptance so far). A plain step is the plain engine's step plus one write: the
+target decodes `x` at position n and samples `y`, and its captured states at n go to the request's aux
+ring; the draft extend at n (fed `y`) is deferred (`lazy_draft`) and runs batched over every deferred
+position when the request goes back to rounds, when its ring fills, or when it finishes, leaving exactly
+the state rounds would have left (the draft KV, and at the last position `d1`). Switching back to rounds
+therefore stays lossless and keeps the draft's acceptance. Plain steps overlap like the plain stepper's:
+a plain step after a plain step reads its pending last token on device. With `record_draft_top1` a plain
+step is the prefill program over one token per request (target and draft extend at once).
 
 Overlapped rounds (chains and trees; the default unless `disable_overlap_schedule`): a decode step
 dispatches round t+1 before reading round t's verdict, then applies round t while the device runs t+1, so
@@ -68,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import time
 
@@ -101,11 +105,23 @@ from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_s
 from jaxserve.speculative.draft_tree import make_tree_programs, repad_tree_draft, repad_tree_verify
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
 from jaxserve.speculative.grammar_draft import walk_drafts, walk_tree
+from jaxserve.speculative.lazy_draft import (
+    DraftLag,
+    Span,
+    catch_up_input,
+    make_lazy_programs,
+    repad_catch_up,
+    repad_plain_capture,
+    take_spans,
+)
 from jaxserve.speculative.policy import StepCosts, choose_draft_steps
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.round_plan import RoundPlan, RoundPlanner, repad_round
 from jaxserve.speculative.schedule import SpecScheduler
 from jaxserve.speculative.shift import continue_round
+
+# plain decode steps a request may take before its deferred draft extend must catch up (`lazy_draft`)
+AUX_RING = 16
 
 
 @functools.lru_cache(maxsize=16)
@@ -350,22 +366,34 @@ class EagleStepper:
         self.inflight: _Round | _PlainStep | None = None
         self.scheduler = SpecScheduler(kv, max_tokens=max_tokens, max_running=max_running,
                                        set_penalty_row=runner.set_penalty_row,
-                                       has_state=self.rows.__contains__, on_retract=self.forget)
+                                       has_state=self.rows.__contains__, on_retract=self.forget,
+                                       before_finish=self._before_finish)
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
         self.stats = {"steps": 0, "prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0,
-                      "reached": 0, "tree_kv_moved": 0, "plain_decode_steps": 0, "round_steps": 0}
+                      "reached": 0, "tree_kv_moved": 0, "plain_decode_steps": 0, "round_steps": 0,
+                      "draft_catch_ups": 0}
         # adaptive speculation: per decode step, plain (0 draft steps) or a full round (`policy`)
         choose_draft_steps(1, options=(0, num_steps), policy=policy)  # refuses an unknown policy now
         self.policy, self.disable_batch_size = policy, disable_batch_size
         self.options = (0, num_steps)
         self.costs: dict[int, _Costs] = {}  # per seq bucket
+        # per decoding request, over its own rounds: [drafts accepted, drafts whose parent was accepted]
+        self.acceptance: dict[Request, list[int]] = {}
         self._prev_decode: tuple[int, int] | None = None  # (seq bucket, choice) of the last step if decode
+        # plain decode steps defer the draft extend (`lazy_draft`): per state row, the target's captured
+        # states at the last AUX_RING decoded positions, and which requests' draft trails from where
+        self.lag = DraftLag(AUX_RING)
+        self._finishing: list[Span] = []  # spans of lagging requests the step being applied finished
+        self.aux_ring = jnp.zeros((num_state_rows, AUX_RING, draft.config.fc_in_features),
+                                  target.config.jnp_dtype)
+        self._lazy = make_lazy_programs(tgraph, dgraph, topk, max(self.seq_buckets), AUX_RING)
         if kv.mesh is not None:  # every draft-side argument replicated over the mesh (see the class)
             replicated = NamedSharding(kv.mesh, PartitionSpec())
-            self.dparams, self.dpool, self.states, self.shifts, self.last_tokens = jax.device_put(
-                (self.dparams, self.dpool, self.states, self.shifts, self.last_tokens), replicated)
+            self.dparams, self.dpool, self.states, self.shifts, self.last_tokens, self.aux_ring = \
+                jax.device_put((self.dparams, self.dpool, self.states, self.shifts, self.last_tokens,
+                                self.aux_ring), replicated)
 
     def set_policy(self, policy: str) -> None:
         """Switch the speculation policy (`policy.POLICIES`) from the next decode step on; what was measured
@@ -461,22 +489,70 @@ class EagleStepper:
         top = jax.device_get((out.top_ids, out.top_logprobs)) if wanted else None
         self._record(done.meta, done.num_tokens, done.top1)
         finished = self.scheduler.process(done.batch, token_ids, logprobs, top)
+        # lagging requests that finished: their draft KV completed before anything can reuse their slots
+        spans, self._finishing = self._finishing, []
+        self._extend_spans(spans)
         for req in finished:
             self.forget(req)
         return finished
+
+    def _dispatch_capture(self, batch: list[ScheduledSeq], prev: _PlainStep | None) -> _PlainStep:
+        """Dispatch a deferred plain decode step (`lazy_draft.plain_capture`): the target over one token per
+        request, its captured states kept in the aux ring; the draft catches up later (`_catch_up`)."""
+        prev_rows = {} if prev is None else {s.req: row for row, s in enumerate(prev.batch) if s.samples}
+        inp = build_step_input(batch, self.kv, self.buckets, prev_rows)
+        dest = np.full(inp.sampling.num_rows, self.aux_ring.shape[0], np.int32)  # out of range: dropped
+        dest[: len(batch)] = [self.rows[s.req] for s in batch]
+        runner = self.runner
+        (self.kv.pools, runner.penalties, self.aux_ring, self.last_tokens, out) = self._lazy[0].call(
+            step_bucket(inp), (self.tparams, self.kv.pools, runner.penalties, self.aux_ring, self.last_tokens,
+                               inp.prev_rows, inp.input_ids, inp.meta, inp.sampling, dest),
+            repad_plain_capture)
+        return _PlainStep(batch, out, inp.meta, inp.meta.num_tokens, None)
+
+    def _catch_up(self, reqs: list[Request]) -> None:
+        """Run the draft extends that plain steps deferred for the lagging `reqs`, in one call, up to the
+        last position whose next token is on the host (`lazy_draft.take_spans`): with nothing in flight,
+        their draft state is then what rounds would have left."""
+        if reqs:
+            self._extend_spans(take_spans(self.lag, reqs, [self.rows[r] for r in reqs], self.kv))
+
+    def _before_finish(self, req: Request) -> None:
+        """Scheduler hook: a request finishes now (its slots go to the prefix tree next); if its draft
+        lags, keep its span for the catch-up after the step is applied (`_apply_plain`)."""
+        if req in self.lag:
+            self._finishing += take_spans(self.lag, [req], [self.rows[req]], self.kv)
+
+    def _extend_spans(self, spans: list[Span]) -> None:
+        if not spans:
+            return
+        ids, meta, rows = catch_up_input(spans, ring=AUX_RING, page_size=self.kv.page_size,
+                                         num_rows=self.states[0].shape[0], seq_buckets=self.seq_buckets,
+                                         page_buckets=self.page_buckets)
+        self.stats["draft_catch_ups"] += 1
+        self.dpool, self.states = self._lazy[1].call(
+            (meta.num_tokens, meta.num_seqs, meta.page_table.shape[1]),
+            (self.dparams, self.dpool, self.states, self.emb, self.aux_ring, ids, meta, rows), repad_catch_up)
 
     def _decode_step(self, reqs: list[Request]) -> list[Request]:
         """One decode step for every decoding request: a round, or a plain step, as the policy chooses from
         the batch size and what earlier steps measured (`policy.choose_draft_steps`)."""
         bucket = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
         costs = self.costs.setdefault(bucket, _Costs())
+        rate, fresh = self.batch_acceptance(reqs)
         choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
-                                    disable_batch_size=self.disable_batch_size, accept_rate=self.accept_rate,
+                                    disable_batch_size=self.disable_batch_size, accept_rate=rate, fresh=fresh,
                                     costs=costs.view())
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
         t0 = time.perf_counter()
-        finished = self.decode(reqs) if choice else self._plain(reqs)
+        finished = []
+        if choice and self.lag.lagging(reqs):  # back to rounds: the draft catches up first (all tokens known)
+            finished = self.drain()
+            reqs = [r for r in reqs if r.status is Status.RUNNING and r in self.rows]
+            self._catch_up(self.lag.lagging(reqs))
+        if reqs:
+            finished += self.decode(reqs) if choice else self._plain(reqs)
         seconds = time.perf_counter() - t0
         costs.record(choice, seconds if steady and sum(self.num_compiles.values()) == compiles else None)
         self._prev_decode = (bucket, choice)
@@ -485,8 +561,9 @@ class EagleStepper:
 
     def _plain(self, reqs: list[Request]) -> list[Request]:
         """A plain decode step that keeps the draft usable: the target decodes one token per request and
-        the draft extends over it with the captured hidden states (the prefill program over one-token
-        sequences), so a later round starts from exactly the state a round would have left. Counts as a
+        keeps its captured states for the deferred draft extend (`_dispatch_capture`, caught up first if a
+        ring would overflow; with diagnostics on, the prefill program extends at once), so a later round
+        starts from exactly the state a round would have left. Counts as a
         verify round that accepted no draft in each request's `spec_accept_lengths`. Overlapped (unless
         disabled, recording diagnostics or a grammar constrains a request) after another plain step:
         dispatch this one, then apply that one while the device runs this one (the plain stepper's
@@ -500,16 +577,24 @@ class EagleStepper:
             return [r for r in rs
                     if r.status is Status.RUNNING and r in self.rows and not r.last_token_in_flight]
 
+        defer = not self.recording  # diagnostics record the draft's top-1 of every extend as it runs
+        if defer and self.lag.ring_full([r for r in reqs if r in self.rows]):
+            # a ring column still needed would be overwritten: catch up over the positions whose next token
+            # the host has (all but the one the step in flight feeds)
+            self._catch_up(self.lag.lagging([r for r in reqs if r.status is Status.RUNNING
+                                             and r in self.rows]))
         room = self._make_room(live(reqs), num_tokens=1, retract=prev is None)
         if room is None:  # short with a step in flight: apply it, then make room retracting if need be
             finished, prev = self.drain(), None
             room = self._make_room(live(reqs), num_tokens=1)
         if not room:
             return finished + self.drain()
+        if defer:
+            self.lag.defer(room)
         batch = self.scheduler.commit_decodes(room)
         for req in room:
             req.spec_accept_lengths.append(0)
-        step = self._dispatch(batch, prev)
+        step = self._dispatch_capture(batch, prev) if defer else self._dispatch(batch, prev)
         if not overlap:
             return finished + self._apply_plain(step)
         self.inflight = step
@@ -520,6 +605,20 @@ class EagleStepper:
         """Measured probability that a draft is accepted given its parent was (None before any round)."""
         reached = self.stats["reached"]
         return self.stats["accepted"] / reached if reached else None
+
+    def batch_acceptance(self, reqs: list[Request]) -> tuple[float | None, bool]:
+        """(`accept_rate` pooled over the rounds `reqs` themselves ran, else over every round so far; whether
+        any of `reqs` has run no round yet). Acceptance depends on the text: a new request's drafts may be
+        accepted whatever earlier requests saw."""
+        accepted = reached = 0
+        fresh = False
+        for req in reqs:
+            mine = self.acceptance.get(req)
+            if mine is None:
+                fresh = True
+            else:
+                accepted, reached = accepted + mine[0], reached + mine[1]
+        return (accepted / reached if reached else self.accept_rate), fresh
 
     def _round_end(self, req: Request, prev: _Round | None, num_tokens: int) -> int:
         """Slots a request needs for this step: `num_tokens` past `num_computed`, and past the furthest start
@@ -666,6 +765,8 @@ class EagleStepper:
             self.stats["verified"] += self.num_steps
             self.stats["accepted"] += accepted
             self.stats["reached"] += min(accepted + 1, self.num_steps)  # drafts whose parent was accepted
+            mine = self.acceptance.setdefault(req, [0, 0])
+            mine[0], mine[1] = mine[0] + accepted, mine[1] + min(accepted + 1, self.num_steps)
             for token, logprob, top in zip(new, logps, tops, strict=True):
                 if req.append_output(token, logprob, *top) is not None:
                     finished.append(req)
@@ -700,6 +801,8 @@ class EagleStepper:
     def forget(self, req: Request) -> None:
         """Drop a request's draft state (finish, abort, retraction); its state row is free again."""
         self.rows.release(req)
+        self.lag.forget(req)
+        self.acceptance.pop(req, None)
 
     @property
     def num_compiles(self) -> dict[str, int]:
@@ -709,14 +812,16 @@ class EagleStepper:
         used, unused = names[::-1] if self.topk > 1 else names
         counts.update({name: sum(f[i].num_compiles for f in variants) for i, name in enumerate(used, 1)})
         counts.update(dict.fromkeys(unused, 0))
+        counts.update(plain_capture=self._lazy[0].num_compiles, catch_up=self._lazy[1].num_compiles)
         return counts
 
     def warm_plan(self) -> list[tuple[Programs, Bucket, tuple]]:
         """(programs, bucket, abstract arguments) of the programs this stepper's steps can use, ordered by
         `runner.largest_first`: the prefill program per (tokens, seqs, pages) with seqs <= tokens, and
-        unless the policy never drafts, the round program (chain or tree) per (seqs, pages). The
-        `record_draft_top1` variants are not planned, nor a constrained round's two halves (compiled when
-        a grammar first runs)."""
+        unless the policy always drafts, the deferred plain decode step per (seqs, pages) and its catch-up
+        per (seqs, pages) at `AUX_RING` tokens per sequence; unless the policy never drafts, the round
+        program (chain or tree) per (seqs, pages). The `record_draft_top1` variants are not planned, nor a
+        constrained round's two halves (compiled when a grammar first runs)."""
         prefill, round_program = self._fns(False)[:2]
         state = (self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states)
         num_rows = self.states[0].shape[0]
@@ -729,6 +834,21 @@ class EagleStepper:
             plan.append((prefill, (t, s, p), (
                 *state, self.emb, self.last_tokens, inp.prev_rows, inp.input_ids, np.zeros(t, np.int32),
                 np.full(t, -1, np.int32), inp.meta, inp.sampling, np.full(s, num_rows, np.int32))))
+        if self.policy != "always":  # plain decode steps (one token per sequence) and their catch-ups
+            plain_capture, catch_up = self._lazy
+            for s, p in itertools.product(b.seqs, b.pages):
+                t = pick_bucket(s, b.tokens, "num_tokens")
+                inp = padding_step_input(self.kv, t, s, p)
+                plan.append((plain_capture, (t, s, p), (
+                    self.tparams, self.kv.pools, self.runner.penalties, self.aux_ring, self.last_tokens,
+                    inp.prev_rows, inp.input_ids, inp.meta, inp.sampling, np.full(s, num_rows, np.int32))))
+            for s, p in itertools.product(self.seq_buckets, self.page_buckets):
+                t = s * AUX_RING
+                meta = dataclasses.replace(padding_step_input(self.kv, t, s, p).meta, swa_write_slots=None,
+                                           swa_page_table=None)
+                plan.append((catch_up, (t, s, p), (
+                    self.dparams, self.dpool, self.states, self.emb, self.aux_ring, np.zeros(t, np.int32),
+                    meta, np.full(s, num_rows, np.int32))))
         if self.policy == "never":
             return largest_first(plan)
         nv = self.num_verify

@@ -94,6 +94,18 @@ def test_auto_at_small_batches_decides_from_acceptance_alone(batch_size):
     assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=0.1, costs=stale) == 3
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_auto_at_small_batches_gives_a_request_without_rounds_rounds(batch_size):
+    """Poor acceptance (of the batch's own rounds) turns rounds off at small batches, unless a decoding
+    request has run no round yet (`fresh`): its drafts are not judged by the others'."""
+    fast_rounds = _measured({0: 1.0, 3: 0.001})
+    assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=0.05, costs=fast_rounds) == 0
+    assert choose_draft_steps(batch_size, options=(0, 3), accept_rate=0.05, fresh=True,
+                              costs=fast_rounds) == 3
+    slow_rounds = _measured({0: 0.001, 3: 1.0})  # from 4 requests on, timings decide, fresh or not
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.9, fresh=True, costs=slow_rounds) == 0
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="policy"):
         choose_draft_steps(1, options=(0, 3), policy="sometimes")

@@ -1,6 +1,7 @@
 """Adaptive speculation stays lossless when a request switches between EAGLE-3 rounds and plain steps
-mid-request: the plain step extends the draft over each new token, so a later round starts from a usable
-draft state (it still accepts drafts) and greedy output equals the plain engine's token for token."""
+mid-request: the draft catches up over the plain steps' tokens before the next round, so that round starts
+from a usable draft state (it still accepts drafts) and greedy output equals the plain engine's token for
+token."""
 
 from __future__ import annotations
 
@@ -103,3 +104,40 @@ def test_abort_while_a_plain_step_is_in_flight_leaks_nothing():
     assert not engine.stepper.rows
     engine.check_memory()
     engine.flush_cache()
+
+
+def test_deferred_draft_extends_leave_the_draft_as_eager_extends():
+    """Plain steps defer the draft extend (`speculative.lazy_draft`). Two requests decode plainly for more
+    steps than the aux ring holds (catch-ups when it fills), one finishes while its draft lags (its
+    cached prefix gets the caught-up draft KV), the other goes back to rounds, and a third request reuses
+    the finished one's prefix: every request accepts exactly the drafts it accepts when each plain step
+    extends the draft at once (recording diagnostics forces that), and outputs equal plain decoding."""
+    prompts = sp.shared_prefix_prompts(seed=31, n=2)
+    runs = []
+    for eager in (False, True):
+        engine = sp.engine("llama", num_steps=3, speculative_disable_batch_size=2)
+        if eager:
+            engine.stepper.record_draft_top1()
+        first = engine.submit(input_ids=prompts[0], sampling_params={**GREEDY, "max_new_tokens": 60})
+        while len(engine.request(first).output_ids) < 8:
+            engine.step()
+        second = engine.submit(input_ids=prompts[1], sampling_params={**GREEDY, "max_new_tokens": 40})
+        while not engine.request(second).finished:
+            engine.step()
+        engine.run_until_idle()
+        again = list(prompts[1]) + engine.output(second)["output_ids"][:30]
+        third = engine.submit(input_ids=again, sampling_params={**GREEDY, "max_new_tokens": 24})
+        engine.run_until_idle()
+        rids = (first, second, third)
+        runs.append(([engine.output(r)["output_ids"] for r in rids],
+                     [list(engine.request(r).spec_accept_lengths) for r in rids], dict(engine.stats)))
+        engine.check_memory()
+        engine.flush_cache()
+    (outs, accepted, stats), (eager_outs, eager_accepted, eager_stats) = runs
+    plain = sp.plain_outputs("llama", [prompts[0], prompts[1], again],
+                             [{**GREEDY, "max_new_tokens": m} for m in (60, 40, 24)])
+    assert outs == eager_outs == [o["output_ids"] for o in plain]
+    assert stats["plain_decode_steps"] > 16 and stats["draft_catch_ups"] >= 3
+    assert eager_stats["draft_catch_ups"] == 0
+    assert accepted == eager_accepted
+    assert max(accepted[2]) > 0  # the prefix cached with the caught-up draft KV is usable

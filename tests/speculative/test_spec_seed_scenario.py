@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxserve.api import Engine
@@ -120,3 +121,20 @@ def test_pooled_acc_length_on_held_out_prompts():
     rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     print(f"pooled acc_length over {len(prompts)} held-out prompts x 64 tokens: {tokens / rounds:.3f}")
     assert tokens / rounds >= 2.0
+
+
+def test_auto_policy_keeps_rounds_after_a_poorly_drafted_priming_request():
+    """At batch 1 `speculative_policy="auto"` judges the decoding request's own acceptance: a priming
+    request the draft cannot predict (random ids: no draft accepted) must not turn rounds off for the seed
+    scenario after it (judging from all rounds so far, it fell to acc_length 1.05 with 61 plain steps)."""
+    engine = make_engine()
+    engine.stepper.set_policy("auto")
+    priming = np.random.RandomState(0).randint(1, 1000, size=24).tolist()
+    engine.generate(input_ids=priming, sampling_params={**GREEDY, "max_new_tokens": 16})
+    assert engine.stepper.accept_rate < 0.1
+    words = SEED.split()
+    for k in range(1, len(words) + 1):
+        engine.generate(" ".join(words[:k]) + " xxx", {**GREEDY, "max_new_tokens": 3})
+    out = engine.generate(SEED + ".", {**GREEDY, "max_new_tokens": 20})
+    assert out["meta_info"]["completion_tokens"] == 20
+    assert out["meta_info"]["spec_accept_length"] > 1.3
