@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 
@@ -43,10 +44,15 @@ REGEX = "[a-z ]+"
 
 def _pass(engine: Engine, prompts: list[str], params: dict) -> tuple[float, float | None]:
     """Output tokens per second of one generate call, and its output tokens per verify round (pooled over
-    the requests; None without speculation)."""
+    the requests; None without speculation). A constrained call's outputs must match the regex (else
+    RuntimeError: a bench that timed unconstrained decoding would report a cost it never measured)."""
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    if "regex" in params:
+        bad = [o["text"] for o in outs if re.fullmatch(params["regex"], o["text"]) is None]
+        if bad:
+            raise RuntimeError(f"{len(bad)} constrained outputs do not match {params['regex']!r}: {bad[0]!r}")
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     rounds = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
     return tokens / elapsed, tokens / rounds if rounds else None
