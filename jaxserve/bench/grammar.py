@@ -37,6 +37,7 @@ import time
 
 from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
+from jaxserve.bench.speculative import engine_compiles
 
 PROMPTS = ["The quick brown fox", "Hello world", "def main():", "Question: what is the capital of France?"]
 REGEX = "[a-z ]+"
@@ -81,15 +82,15 @@ def main(argv: list[str] | None = None) -> dict:
     for eng, params in kinds.values():  # compile every shape each needs
         eng.flush_cache()
         _pass(eng, prompts, params)
-    engines = {id(eng): eng for eng, _ in kinds.values()}.values()
-    compiles_before = sum(sum(eng.num_compiles.values()) for eng in engines)
+    engines = {eng for eng, _ in kinds.values()}
+    compiles_before = sum(map(engine_compiles, engines))
     runs: dict[str, list[tuple[float, float | None]]] = {k: [] for k in kinds}
     order = list(kinds.items())
     for i in range(args.repeats):  # ABBA: every other repeat runs the kinds in reverse order
         for name, (eng, params) in (order if i % 2 == 0 else order[::-1]):
             eng.flush_cache()
             runs[name].append(_pass(eng, prompts, params))
-    compiles = sum(sum(eng.num_compiles.values()) for eng in engines) - compiles_before
+    compiles = sum(map(engine_compiles, engines)) - compiles_before
     median = {k: statistics.median(r for r, _ in v) for k, v in runs.items()}
 
     def ratio(a: str, b: str) -> float:
