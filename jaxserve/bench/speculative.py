@@ -110,9 +110,10 @@ def warm(engine: Engine, batch, params: dict) -> None:
 
 
 def policy_choices(engine: Engine) -> dict[str, int]:
-    """Decode steps so far by kind: EAGLE-3 rounds and plain steps (the adaptive policy's choices)."""
+    """Decode steps so far by kind: EAGLE-3 rounds and plain steps (the adaptive policy's choices), and the
+    requests that dropped their drafts once plain steps won."""
     stats = engine.stats
-    return {k: stats[k] for k in ("round_steps", "plain_decode_steps") if k in stats}
+    return {k: stats[k] for k in ("round_steps", "plain_decode_steps", "drafts_dropped") if k in stats}
 
 
 def timed_pass(engine: Engine, batch, params: dict, counter: CompileCounter) -> tuple[float, list[dict], int]:
@@ -209,15 +210,17 @@ def main(argv=None) -> dict:
             results[bs] = row
             print(json.dumps(row), flush=True)
     print(f"\n{'batch':>5} {'plain tok/s':>12} {'(best)':>8} {'eagle3 tok/s':>13} {'(best)':>8} "
-          f"{'speedup':>8} {'acc_len':>8} {'rounds':>7} {'plain':>6}  histogram")
+          f"{'speedup':>8} {'acc_len':>8} {'rounds':>7} {'plain':>6} {'dropped':>8}  histogram")
     for bs, r in results.items():
         c = r["policy_choices"]
         print(f"{bs:>5} {r['plain_tokens_per_s']:>12} {r['plain_tokens_per_s_best']:>8} "
               f"{r['eagle3_tokens_per_s']:>13} {r['eagle3_tokens_per_s_best']:>8} {r['speedup']:>8} "
-              f"{r['acc_length']:>8} {c.get('round_steps', 0):>7} {c.get('plain_decode_steps', 0):>6}  "
+              f"{r['acc_length']:>8} {c.get('round_steps', 0):>7} {c.get('plain_decode_steps', 0):>6} "
+              f"{c.get('drafts_dropped', 0):>8}  "
               f"{r['accepted_drafts_histogram']}")
     print(f"(tok/s: median of {args.repeats} timed passes per engine, ABBA order; best: fastest pass; "
           f"rounds / plain: EAGLE-3 decode steps of each kind over the timed passes, policy {args.policy}; "
+          "dropped: requests that gave up their draft once plain steps won; "
           "acc_len counts a plain step as a round that accepted no draft)")
     return results
 

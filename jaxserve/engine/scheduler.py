@@ -201,8 +201,12 @@ class Scheduler:
 
     def _finish(self, req: Request) -> None:
         self._drop_running(req)
-        self.kv.tree.cache_finished_req(req.cached, req.fill_ids())
+        self.kv.tree.cache_finished_req(req.cached, self._finished_ids(req))
         req.status, req.finish_time = Status.FINISHED, time.perf_counter()
+
+    def _finished_ids(self, req: Request) -> np.ndarray:
+        """The tokens the prefix tree caches a finished request by (all of them here)."""
+        return req.fill_ids()
 
     def abort(self, req: Request) -> None:
         """Stop a request wherever it is; its private KV returns to the allocator now."""

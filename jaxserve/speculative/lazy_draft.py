@@ -18,6 +18,12 @@ extend the plain steps would have run, position p fed token p + 1 with the targe
 A retracted request's decoded positions are not cached (its prefill recomputes them, draft included), and
 an aborted one's are freed: both just drop their lag.
 
+When plain steps have won at the running batch size, a request may drop its draft instead
+(`DraftLag.detach`): a catch-up only pays if a round comes back, and on a small model a one-layer extend
+is a large share of a step (~8-11% of a plain step at 32-64 requests, figures below). It then takes plain
+steps to its end, and the prefix tree caches it only up to the first position without draft KV: a later
+request that reuses a cached prefix always finds the draft KV rounds need there.
+
 `DraftLag` is the host's record: per lagging request, the first position whose draft KV is missing.
 
 Cost, measured on the embedded model (CPU, device programs alone, same run): the deferred plain step
@@ -47,11 +53,15 @@ from jaxserve.speculative.draft_state import extend_and_store
 
 class DraftLag:
     """Which decoding requests' draft trails the target, and from which position (`since[req]`: the
-    first position without draft KV; the target has computed up to `req.num_computed`)."""
+    first position without draft KV; the target has computed up to `req.num_computed`), and which have
+    dropped their draft for good (`detached[req]`: the first position without draft KV, which stays so:
+    such a request takes plain steps only, no catch-up runs for it, and the prefix tree caches its
+    positions before that one only)."""
 
     def __init__(self, ring: int) -> None:
         self.ring = ring
         self.since: dict[Request, int] = {}
+        self.detached: dict[Request, int] = {}
 
     def __contains__(self, req: Request) -> bool:
         return req in self.since
@@ -59,7 +69,15 @@ class DraftLag:
     def defer(self, reqs: list[Request]) -> None:
         """`reqs` are about to take a deferred plain step (before their `num_computed` moves on)."""
         for req in reqs:
-            self.since.setdefault(req, req.num_computed)
+            if req not in self.detached:
+                self.since.setdefault(req, req.num_computed)
+
+    def detach(self, reqs: list[Request]) -> None:
+        """Drop `reqs`' drafts: what a catch-up would still need is forgotten, and their later plain steps
+        keep nothing for the draft (see the class)."""
+        for req in reqs:
+            if req not in self.detached:
+                self.detached[req] = self.since.pop(req, req.num_computed)
 
     def lagging(self, reqs: list[Request]) -> list[Request]:
         return [r for r in reqs if r in self.since]
@@ -70,6 +88,7 @@ class DraftLag:
 
     def forget(self, req: Request) -> None:
         self.since.pop(req, None)
+        self.detached.pop(req, None)
 
 
 @functools.lru_cache(maxsize=16)

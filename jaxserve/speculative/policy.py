@@ -18,7 +18,10 @@ a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on
 measures the seconds a decode step takes for each choice and batch-size bucket (steps that compiled are
 not measured) and the acceptance from the rounds it ran; `choose_draft_steps` picks the choice with the
 most tokens per second. A choice not measured yet, or not tried for `reprobe_after` steps, is tried
-(exploration), so a change in acceptance or load is noticed.
+(exploration), so a change in acceptance or load is noticed. The stepper backs off a probe that lost: each
+time a re-tried choice is dropped again after its minimum run, its interval doubles (up to
+`MAX_REPROBE_AFTER`), and it goes back to `REPROBE_AFTER` once the choice wins a longer run. A server at a
+steady load where rounds lose then pays for a few probe rounds per thousand steps, not per 64.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 POLICIES = ("auto", "always", "never")
+MIN_RUN = 3  # decode steps a choice keeps once chosen (the first of a run is not a steady-state sample)
+REPROBE_AFTER = 64  # decode steps after which an option not tried is tried again (before any back-off)
+MAX_REPROBE_AFTER = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +41,56 @@ class StepCosts:
     step with k draft steps, `samples[k]` how many steps that mean is over, `since_tried[k]` decode steps
     since k last ran (absent: never); `last` the choice of the previous decode step and `run_length` how
     many decode steps in a row it has been chosen (a switch drains or refills the overlap pipeline, so
-    only the steps after the first of a run measure the steady state)."""
+    only the steps after the first of a run measure the steady state); `reprobe_after[k]` the steps after
+    which k is re-tried (absent: `choose_draft_steps`' `reprobe_after`; the stepper backs it off)."""
 
     seconds: Mapping[int, float] = dataclasses.field(default_factory=dict)
     samples: Mapping[int, int] = dataclasses.field(default_factory=dict)
     since_tried: Mapping[int, int] = dataclasses.field(default_factory=dict)
     last: int | None = None
     run_length: int = 0
+    reprobe_after: Mapping[int, int] = dataclasses.field(default_factory=dict)
+
+
+class CostMeter:
+    """What a stepper measures for one batch-size bucket, as `choose_draft_steps` reads it (`view`): wall
+    seconds of a decode step per choice (the mean of the first samples, then a moving average over about
+    the last `WINDOW`), steps since each choice last ran, the current run, and each choice's re-probe
+    interval: doubled (up to `MAX_REPROBE_AFTER`) each time a run of it ends within `MIN_RUN` steps (a
+    probe that lost: the policy dropped it as soon as it could), back to `REPROBE_AFTER` after a longer
+    run."""
+
+    WINDOW = 16
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}
+        self.samples: dict[int, int] = {}
+        self.since_tried: dict[int, int] = {}
+        self.reprobe_after: dict[int, int] = {}
+        self.last: int | None = None
+        self.run_length = 0
+
+    def record(self, choice: int, seconds: float | None) -> None:
+        """A step with `choice` ran; `seconds` its wall time, None when it is not a steady-state sample."""
+        if self.last is not None and choice != self.last:  # a run of `last` ended
+            base = REPROBE_AFTER
+            lost_probe = self.run_length <= MIN_RUN  # dropped as soon as its minimum run was over
+            interval = self.reprobe_after.get(self.last, base)
+            self.reprobe_after[self.last] = min(2 * interval, MAX_REPROBE_AFTER) if lost_probe else base
+        for k in self.since_tried:
+            self.since_tried[k] += 1
+        self.since_tried[choice] = 0
+        self.run_length = self.run_length + 1 if self.last == choice else 1
+        self.last = choice
+        if seconds is not None:
+            n = self.samples.get(choice, 0)
+            weight = 1.0 / (n + 1) if n < self.WINDOW else 1.0 / self.WINDOW
+            self.seconds[choice] = self.seconds.get(choice, seconds) * (1 - weight) + seconds * weight
+            self.samples[choice] = n + 1
+
+    def view(self) -> StepCosts:
+        return StepCosts(dict(self.seconds), dict(self.samples), dict(self.since_tried), self.last,
+                         self.run_length, dict(self.reprobe_after))
 
 
 def expected_tokens(num_draft_steps: int, accept_rate: float) -> float:
@@ -52,7 +101,7 @@ def expected_tokens(num_draft_steps: int, accept_rate: float) -> float:
 def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str = "auto",
                        disable_batch_size: int | None = None, accept_rate: float | None = None,
                        fresh: bool = False, costs: StepCosts = StepCosts(), min_samples: int = 3,
-                       reprobe_after: int = 64, min_run: int = 3, margin: float = 0.05,
+                       reprobe_after: int = REPROBE_AFTER, min_run: int = MIN_RUN, margin: float = 0.05,
                        timed_from_batch_size: int = 4, min_small_batch_tokens: float = 1.25) -> int:
     """The draft steps for the next decode step of `batch_size` requests, one of `options` (which holds 0
     and the configured num_steps, maybe more).
@@ -65,7 +114,8 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
     `policy="auto"` from `timed_from_batch_size` requests on: the previous
     choice is kept until it ran `min_run` steps in a row (so that it gets measured in steady state); then
     an option with fewer
-    than `min_samples` measurements, or not tried for `reprobe_after` steps, is tried (largest first);
+    than `min_samples` measurements, or not tried for its `costs.reprobe_after` steps (default
+    `reprobe_after`), is tried (largest first);
     else the option with the most expected tokens per second, where a speculative option must beat plain
     decoding by `margin` (so noise does not flip a tie towards the costlier path). `accept_rate` None
     (no round measured yet) counts as 0."""
@@ -87,8 +137,14 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
     if costs.last in options and costs.run_length < min_run:
         return costs.last
     for k in sorted(options, reverse=True):
-        if costs.samples.get(k, 0) < min_samples or costs.since_tried.get(k, reprobe_after) >= reprobe_after:
+        interval = costs.reprobe_after.get(k, reprobe_after)
+        if costs.samples.get(k, 0) < min_samples or costs.since_tried.get(k, interval) >= interval:
             return k
+    return _fastest(options, accept_rate, costs, margin)
+
+
+def _fastest(options: Sequence[int], accept_rate: float | None, costs: StepCosts, margin: float) -> int:
+    """The measured option with the most expected tokens per second, speculation handicapped by `margin`."""
     rate = accept_rate or 0.0
 
     def tokens_per_s(k: int) -> float:
@@ -96,3 +152,19 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
         return gain * expected_tokens(k, rate) / costs.seconds[k]
 
     return max(sorted(options), key=tokens_per_s)
+
+
+def settled_on_plain(batch_size: int, *, options: Sequence[int], policy: str = "auto",
+                     accept_rate: float | None = None, costs: StepCosts = StepCosts(), min_samples: int = 3,
+                     margin: float = 0.05, timed_from_batch_size: int = 4) -> bool:
+    """Whether `policy="auto"` has measured, at this batch size, that plain decoding beats every round: every
+    option has `min_samples` measurements and plain decoding has the most expected tokens per second (the
+    choice `choose_draft_steps` makes when it is not exploring). The stepper then drops the draft of the
+    requests decoding now (`lazy_draft.DraftLag.detach`): keeping it usable costs a deferred draft extend
+    per plain step, which only pays if a round comes back. Small batches (below `timed_from_batch_size`)
+    are never settled: there rounds are decided from acceptance, and are re-tried."""
+    if policy != "auto" or batch_size < timed_from_batch_size:
+        return False
+    if any(costs.samples.get(k, 0) < min_samples for k in options):
+        return False
+    return _fastest(options, accept_rate, costs, margin) == 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.scheduler import Scheduler
@@ -24,15 +26,19 @@ class SpecScheduler(Scheduler):
     A running request decodes once its prefill has sampled (the stepper then holds its draft state:
     `has_state(req)`), whatever is left to feed; `on_retract(req)` lets the stepper drop that state;
     `before_finish(req)` (optional) runs as a request finishes, while it still holds its slots (before they
-    go to the prefix tree). The hooks are the stepper's, given here at construction."""
+    go to the prefix tree); `cache_limit(req)` (optional) is None, or the first position whose KV the prefix
+    tree must not cache as the request finishes (its draft KV is missing from there). The hooks are the
+    stepper's, given here at construction."""
 
     def __init__(self, kv: KVCache, *, has_state: Callable[[Request], bool],
                  on_retract: Callable[[Request], object],
-                 before_finish: Callable[[Request], object] | None = None, **kwargs) -> None:
+                 before_finish: Callable[[Request], object] | None = None,
+                 cache_limit: Callable[[Request], int | None] | None = None, **kwargs) -> None:
         super().__init__(kv, **kwargs)
         self.has_state = has_state
         self.on_retract = on_retract
         self.before_finish = before_finish
+        self.cache_limit = cache_limit
 
     def schedule_prefill(self) -> list[ScheduledSeq]:
         """Continuations of running prefills (oldest first), then admissions, within the token budget and the
@@ -81,3 +87,10 @@ class SpecScheduler(Scheduler):
         if self.before_finish is not None:
             self.before_finish(req)
         super()._finish(req)
+
+    def _finished_ids(self, req: Request) -> np.ndarray:
+        """The tokens the prefix tree caches a finished request by: up to `cache_limit(req)` when set (the
+        tree keeps the positions whose next token is in the list)."""
+        limit = None if self.cache_limit is None else self.cache_limit(req)
+        ids = req.fill_ids()
+        return ids if limit is None else ids[: limit + 1]

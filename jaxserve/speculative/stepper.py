@@ -36,9 +36,13 @@ target decodes `x` at position n and samples `y`, and its captured states at n g
 ring; the draft extend at n (fed `y`) is deferred (`lazy_draft`) and runs batched over every deferred
 position when the request goes back to rounds, when its ring fills, or when it finishes, leaving exactly
 the state rounds would have left (the draft KV, and at the last position `d1`). Switching back to rounds
-therefore stays lossless and keeps the draft's acceptance. Plain steps overlap like the plain stepper's:
-a plain step after a plain step reads its pending last token on device. With `record_draft_top1` a plain
-step is the prefill program over one token per request (target and draft extend at once).
+therefore stays lossless and keeps the draft's acceptance. Once the policy has measured that plain steps win
+at the running batch size (`policy.settled_on_plain`), the requests decoding then drop their drafts instead
+(`DraftLag.detach`): no catch-up runs for them, no round runs while one of them decodes, and the prefix
+tree caches each of them only up to the position where its draft KV stops. Plain steps overlap like the
+plain stepper's: a plain step after a plain step reads its pending last token on device. With
+`record_draft_top1` a plain step is the prefill program over one token per request (target and draft
+extend at once).
 
 Overlapped rounds (chains and trees; the default unless `disable_overlap_schedule`): a decode step
 dispatches round t+1 before reading round t's verdict, then applies round t while the device runs t+1, so
@@ -114,7 +118,7 @@ from jaxserve.speculative.lazy_draft import (
     repad_plain_capture,
     take_spans,
 )
-from jaxserve.speculative.policy import StepCosts, choose_draft_steps
+from jaxserve.speculative.policy import CostMeter, StepCosts, choose_draft_steps, settled_on_plain
 from jaxserve.speculative.rejection import Verdict, chain_children, chain_parents, count_emitted, verify_tree
 from jaxserve.speculative.round_plan import RoundPlan, RoundPlanner, repad_round
 from jaxserve.speculative.schedule import SpecScheduler
@@ -284,34 +288,6 @@ class _PlainStep:
     top1: jax.Array
 
 
-class _Costs:
-    """Measured decode-step seconds per choice for one seq bucket (a running mean over the last steps)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[int, float] = {}
-        self.samples: dict[int, int] = {}
-        self.since_tried: dict[int, int] = {}
-        self.last: int | None = None
-        self.run_length = 0
-
-    def record(self, choice: int, seconds: float | None) -> None:
-        """A step with `choice` ran; `seconds` its wall time, None when it is not a steady-state sample."""
-        for k in self.since_tried:
-            self.since_tried[k] += 1
-        self.since_tried[choice] = 0
-        self.run_length = self.run_length + 1 if self.last == choice else 1
-        self.last = choice
-        if seconds is not None:
-            n = self.samples.get(choice, 0)
-            weight = 1.0 / (n + 1) if n < 8 else 1.0 / 8  # the mean, then a moving average of ~8 steps
-            self.seconds[choice] = self.seconds.get(choice, seconds) * (1 - weight) + seconds * weight
-            self.samples[choice] = n + 1
-
-    def view(self) -> StepCosts:
-        return StepCosts(dict(self.seconds), dict(self.samples), dict(self.since_tried), self.last,
-                         self.run_length)
-
-
 class EagleStepper:
     """Runs speculative steps for an engine: owns its scheduler (`SpecScheduler`, whose hooks are this
     stepper's), the draft, its KV pool and the per-request draft state. `runner` (the engine's ModelRunner)
@@ -364,27 +340,28 @@ class EagleStepper:
         # overlapped schedule: the dispatched round or plain step whose results the host has not applied yet
         self.overlap = overlap
         self.inflight: _Round | _PlainStep | None = None
+        # plain decode steps defer the draft extend (`lazy_draft`): which requests' draft trails from where,
+        # and which dropped it (the prefix tree caches their positions with draft KV only)
+        self.lag = DraftLag(AUX_RING)
         self.scheduler = SpecScheduler(kv, max_tokens=max_tokens, max_running=max_running,
                                        set_penalty_row=runner.set_penalty_row,
                                        has_state=self.rows.__contains__, on_retract=self.forget,
-                                       before_finish=self._before_finish)
+                                       before_finish=self._before_finish, cache_limit=self.lag.detached.get)
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
         self.stats = {"steps": 0, "prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0,
                       "reached": 0, "tree_kv_moved": 0, "plain_decode_steps": 0, "round_steps": 0,
-                      "draft_catch_ups": 0}
+                      "draft_catch_ups": 0, "drafts_dropped": 0}
         # adaptive speculation: per decode step, plain (0 draft steps) or a full round (`policy`)
         choose_draft_steps(1, options=(0, num_steps), policy=policy)  # refuses an unknown policy now
         self.policy, self.disable_batch_size = policy, disable_batch_size
         self.options = (0, num_steps)
-        self.costs: dict[int, _Costs] = {}  # per seq bucket
+        self.costs: dict[int, CostMeter] = {}  # per seq bucket
         # per decoding request, over its own rounds: [drafts accepted, drafts whose parent was accepted]
         self.acceptance: dict[Request, list[int]] = {}
         self._prev_decode: tuple[int, int] | None = None  # (seq bucket, choice) of the last step if decode
-        # plain decode steps defer the draft extend (`lazy_draft`): per state row, the target's captured
-        # states at the last AUX_RING decoded positions, and which requests' draft trails from where
-        self.lag = DraftLag(AUX_RING)
+        # per state row, the target's captured states at the last AUX_RING decoded positions
         self._finishing: list[Span] = []  # spans of lagging requests the step being applied finished
         self.aux_ring = jnp.zeros((num_state_rows, AUX_RING, draft.config.fc_in_features),
                                   target.config.jnp_dtype)
@@ -394,6 +371,11 @@ class EagleStepper:
             self.dparams, self.dpool, self.states, self.shifts, self.last_tokens, self.aux_ring = \
                 jax.device_put((self.dparams, self.dpool, self.states, self.shifts, self.last_tokens,
                                 self.aux_ring), replicated)
+
+    def measured(self, batch_size: int) -> CostMeter:
+        """What this stepper measured (and measures on) for decode steps of `batch_size` requests: the meter
+        of its sequence bucket, which the policy reads each decode step."""
+        return self.costs.setdefault(pick_bucket(batch_size, self.seq_buckets, "num_seqs"), CostMeter())
 
     def set_policy(self, policy: str) -> None:
         """Switch the speculation policy (`policy.POLICIES`) from the next decode step on; what was measured
@@ -501,8 +483,9 @@ class EagleStepper:
         request, its captured states kept in the aux ring; the draft catches up later (`_catch_up`)."""
         prev_rows = {} if prev is None else {s.req: row for row, s in enumerate(prev.batch) if s.samples}
         inp = build_step_input(batch, self.kv, self.buckets, prev_rows)
-        dest = np.full(inp.sampling.num_rows, self.aux_ring.shape[0], np.int32)  # out of range: dropped
-        dest[: len(batch)] = [self.rows[s.req] for s in batch]
+        out_of_range = self.aux_ring.shape[0]  # dropped: padding rows, and requests without a draft
+        dest = np.full(inp.sampling.num_rows, out_of_range, np.int32)
+        dest[: len(batch)] = [out_of_range if s.req in self.lag.detached else self.rows[s.req] for s in batch]
         runner = self.runner
         (self.kv.pools, runner.penalties, self.aux_ring, self.last_tokens, out) = self._lazy[0].call(
             step_bucket(inp), (self.tparams, self.kv.pools, runner.penalties, self.aux_ring, self.last_tokens,
@@ -538,11 +521,8 @@ class EagleStepper:
         """One decode step for every decoding request: a round, or a plain step, as the policy chooses from
         the batch size and what earlier steps measured (`policy.choose_draft_steps`)."""
         bucket = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
-        costs = self.costs.setdefault(bucket, _Costs())
-        rate, fresh = self.batch_acceptance(reqs)
-        choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
-                                    disable_batch_size=self.disable_batch_size, accept_rate=rate, fresh=fresh,
-                                    costs=costs.view())
+        costs = self.costs.setdefault(bucket, CostMeter())
+        choice = self._choose(reqs, costs.view())
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
         t0 = time.perf_counter()
@@ -554,16 +534,39 @@ class EagleStepper:
         if reqs:
             finished += self.decode(reqs) if choice else self._plain(reqs)
         seconds = time.perf_counter() - t0
-        costs.record(choice, seconds if steady and sum(self.num_compiles.values()) == compiles else None)
+        # a step that finished requests also did their bookkeeping (prefix-tree inserts, catch-ups): the
+        # same work whichever the choice, and it would skew the per-step costs the policy compares
+        sample = steady and not finished and sum(self.num_compiles.values()) == compiles
+        costs.record(choice, seconds if sample else None)
         self._prev_decode = (bucket, choice)
         self.stats["round_steps" if choice else "plain_decode_steps"] += 1
         return finished
+
+    def _choose(self, reqs: list[Request], costs: StepCosts) -> int:
+        """This decode step's draft steps (`policy.choose_draft_steps`), 0 while a request without a draft
+        decodes. Once the policy has settled on plain steps at this batch size (`policy.settled_on_plain`),
+        the requests decoding now drop their drafts (`DraftLag.detach`): they save the deferred draft
+        extends, and give up rounds for the rest of their decode (a retracted one gets its draft back with
+        its recompute)."""
+        rate, fresh = self.batch_acceptance(reqs)
+        if any(r in self.lag.detached for r in reqs):
+            return 0
+        choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
+                                    disable_batch_size=self.disable_batch_size, accept_rate=rate, fresh=fresh,
+                                    costs=costs)
+        if not choice and not self.recording and settled_on_plain(
+                len(reqs), options=self.options, policy=self.policy, accept_rate=rate, costs=costs):
+            attached = [r for r in reqs if r in self.rows]
+            self.lag.detach(attached)
+            self.stats["drafts_dropped"] += len(attached)
+        return choice
 
     def _plain(self, reqs: list[Request]) -> list[Request]:
         """A plain decode step that keeps the draft usable: the target decodes one token per request and
         keeps its captured states for the deferred draft extend (`_dispatch_capture`, caught up first if a
         ring would overflow; with diagnostics on, the prefill program extends at once), so a later round
-        starts from exactly the state a round would have left. Counts as a
+        starts from exactly the state a round would have left (requests that dropped their draft keep
+        nothing). Counts as a
         verify round that accepted no draft in each request's `spec_accept_lengths`. Overlapped (unless
         disabled, recording diagnostics or a grammar constrains a request) after another plain step:
         dispatch this one, then apply that one while the device runs this one (the plain stepper's

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxserve.speculative.policy import StepCosts, choose_draft_steps, expected_tokens
+from jaxserve.speculative.policy import (
+    MAX_REPROBE_AFTER,
+    MIN_RUN,
+    REPROBE_AFTER,
+    CostMeter,
+    StepCosts,
+    choose_draft_steps,
+    expected_tokens,
+    settled_on_plain,
+)
 
 
 def _measured(seconds: dict[int, float], samples: int = 5) -> StepCosts:
@@ -111,3 +120,100 @@ def test_bad_arguments_are_refused():
         choose_draft_steps(1, options=(0, 3), policy="sometimes")
     with pytest.raises(ValueError, match="include 0"):
         choose_draft_steps(1, options=(3,))
+
+
+def test_auto_reprobes_after_the_costs_own_interval():
+    """A backed-off option (`StepCosts.reprobe_after`) is re-tried after its own interval, not the default."""
+    costs = StepCosts(seconds={0: 0.001, 3: 1.0}, samples={0: 9, 3: 9}, since_tried={0: 0, 3: 64},
+                      last=0, run_length=20, reprobe_after={3: 128})
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.5, costs=costs) == 0
+    costs = StepCosts(**{**costs.__dict__, "since_tried": {0: 0, 3: 128}})
+    assert choose_draft_steps(8, options=(0, 3), accept_rate=0.5, costs=costs) == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(rate=st.floats(0.0, 1.0), t0=st.floats(1e-4, 1.0), t2=st.floats(1e-4, 1.0), t3=st.floats(1e-4, 1.0),
+       margin=st.floats(0.0, 0.5), batch_size=st.integers(1, 64))
+def test_settled_on_plain_when_plain_has_the_most_measured_tokens_per_second(rate, t0, t2, t3, margin,
+                                                                             batch_size):
+    seconds = {0: t0, 2: t2, 3: t3}
+    costs = _measured(seconds)
+    got = settled_on_plain(batch_size, options=(0, 2, 3), accept_rate=rate, costs=costs, margin=margin)
+
+    def score(k):  # brute force, as in the choice above (ties go to plain)
+        return sum(rate ** i for i in range(k + 1)) / seconds[k] / (1.0 if k == 0 else 1.0 + margin)
+
+    assert got == (batch_size >= 4 and score(0) >= max(score(2), score(3)))
+    if got:  # the choice agrees whenever it is not exploring
+        assert choose_draft_steps(batch_size, options=(0, 2, 3), accept_rate=rate, costs=costs,
+                                  margin=margin) == 0
+
+
+def test_settled_on_plain_needs_auto_and_every_option_measured():
+    slow_rounds = _measured({0: 0.001, 3: 1.0})
+    assert settled_on_plain(8, options=(0, 3), accept_rate=0.9, costs=slow_rounds)
+    for policy in ("always", "never"):
+        assert not settled_on_plain(8, options=(0, 3), policy=policy, accept_rate=0.9, costs=slow_rounds)
+    assert not settled_on_plain(8, options=(0, 3), accept_rate=0.9, costs=_measured({0: 0.001}))
+    assert not settled_on_plain(8, options=(0, 3), accept_rate=0.9, costs=_measured({0: 0.001, 3: 1.0}, 2))
+    assert not settled_on_plain(3, options=(0, 3), accept_rate=0.0, costs=slow_rounds)  # small batch
+
+
+def _run(meter: CostMeter, choice: int, steps: int, seconds: float | None = 0.01) -> None:
+    for _ in range(steps):
+        meter.record(choice, seconds)
+
+
+def test_meter_backs_off_a_probe_that_keeps_losing_and_resets_when_it_wins():
+    meter = CostMeter()
+    _run(meter, 3, 5)  # first exploration: a long run
+    _run(meter, 0, 40)
+    assert meter.view().reprobe_after == {3: REPROBE_AFTER}  # the run of 0 goes on
+    expected = REPROBE_AFTER
+    for _ in range(6):  # probes of MIN_RUN steps that lose
+        _run(meter, 3, MIN_RUN)
+        _run(meter, 0, 10)
+        expected = min(2 * expected, MAX_REPROBE_AFTER)
+        assert meter.view().reprobe_after[3] == expected
+    assert expected == MAX_REPROBE_AFTER
+    _run(meter, 3, MIN_RUN + 1)  # a probe that won: kept longer
+    _run(meter, 0, 1)
+    assert meter.view().reprobe_after[3] == REPROBE_AFTER
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 2, 3]), st.integers(1, 8), st.booleans()), max_size=30))
+def test_meter_matches_a_brute_force_model(runs):
+    """Runs of (choice, length, timed): since_tried, run, samples, the back-off and the mean of the first
+    WINDOW samples, against a model that replays the step history."""
+    meter = CostMeter()
+    history: list[tuple[int, float | None]] = []
+    for i, (choice, length, timed) in enumerate(runs):
+        for j in range(length):
+            seconds = 0.001 * (1 + i + j) if timed else None
+            meter.record(choice, seconds)
+            history.append((choice, seconds))
+    view = meter.view()
+    # model: split the history into maximal runs; an ended run of length <= MIN_RUN doubles, else resets
+    blocks: list[list] = []
+    for choice, _ in history:
+        if blocks and blocks[-1][0] == choice:
+            blocks[-1][1] += 1
+        else:
+            blocks.append([choice, 1])
+    interval: dict[int, int] = {}
+    for choice, length in blocks[:-1]:
+        old = interval.get(choice, REPROBE_AFTER)
+        interval[choice] = min(2 * old, MAX_REPROBE_AFTER) if length <= MIN_RUN else REPROBE_AFTER
+    assert view.reprobe_after == interval
+    assert view.last == (blocks[-1][0] if blocks else None)
+    assert view.run_length == (blocks[-1][1] if blocks else 0)
+    for k in {c for c, _ in history}:
+        last_index = max(i for i, (c, _) in enumerate(history) if c == k)
+        assert view.since_tried[k] == len(history) - 1 - last_index
+        timed = [s for c, s in history if c == k and s is not None]
+        assert view.samples.get(k, 0) == len(timed)
+        if 0 < len(timed) <= CostMeter.WINDOW:
+            assert view.seconds[k] == pytest.approx(sum(timed) / len(timed), rel=1e-9)
+        elif timed:  # a moving average: within the samples' range, nearer the recent ones
+            assert min(timed) <= view.seconds[k] <= max(timed)

@@ -141,3 +141,38 @@ def test_deferred_draft_extends_leave_the_draft_as_eager_extends():
     assert eager_stats["draft_catch_ups"] == 0
     assert accepted == eager_accepted
     assert max(accepted[2]) > 0  # the prefix cached with the caught-up draft KV is usable
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_requests_drop_their_drafts_once_plain_steps_win_and_stay_lossless(overlap):
+    """`auto` at 4 requests, with measurements where rounds lose: the first decode step drops every
+    request's draft (no round, no catch-up after that), outputs equal the plain engine's (one request
+    aborted mid-decode leaks nothing), the prefix tree caches each finished request's prompt but not its
+    decoded positions (they have no draft KV), and a later request alone on a cached prompt runs rounds
+    that accept drafts."""
+    prompts = sp.shared_prefix_prompts(seed=13, n=4)
+    params = {**GREEDY, "max_new_tokens": 24}
+    plain = sp.plain_outputs("llama", prompts, params)
+    engine = sp.engine("llama", num_steps=3, speculative_policy="auto", disable_overlap_schedule=not overlap)
+    meter = engine.stepper.measured(4)
+    for choice, seconds in [(3, 0.05)] * 4 + [(0, 0.001)] * 4:  # rounds: 50 ms for < 4 tokens; plain 1 ms
+        meter.record(choice, seconds)
+    rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts]
+    while len(engine.request(rids[3]).output_ids) < 6:
+        engine.step()
+    assert len(engine.stepper.lag.detached) == 4
+    engine.abort(rids[3])
+    engine.run_until_idle()
+    assert [engine.output(r)["output_ids"] for r in rids[:3]] == [o["output_ids"] for o in plain[:3]]
+    stats = engine.stats
+    assert stats["drafts_dropped"] == 4 and stats["round_steps"] == 0 and stats["draft_catch_ups"] == 0
+    assert not engine.stepper.lag.detached
+    engine.check_memory()
+    again = list(prompts[0]) + engine.output(rids[0])["output_ids"]
+    out = engine.generate(input_ids=[again], sampling_params={**GREEDY, "max_new_tokens": 16})[0]
+    assert out["output_ids"] == sp.plain_outputs("llama", [again], {**GREEDY, "max_new_tokens": 16})[0][
+        "output_ids"]
+    assert 0 < out["meta_info"]["cached_tokens"] <= len(prompts[0])  # the prompt, not the outputs
+    assert engine.stats["round_steps"] > 0 and max(out["meta_info"]["spec_accept_lengths"]) > 0
+    engine.check_memory()
+    engine.flush_cache()
