@@ -40,14 +40,14 @@ class ServerArgs:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).
     grammar_backend: "llguidance" (default: json_schema / regex / ebnf sampling parameters constrain the
     output) or "none" (such requests are refused).
-    speculative_policy: "always" (default, as SGLang: a round every step), "auto" (each decode step is an
-    EAGLE-3 round or a plain step that keeps the draft usable, whichever measured more tokens per second
-    at the running batch size; below 4 decoding requests, rounds while the requests' own drafts are
-    accepted, and always for a request that has run none yet; not the default yet: on the embedded model
-    it measured 0.78-0.98x plain at batch 8-64, `bench.speculative`) or "never" (plain steps only, the
-    draft kept usable). speculative_disable_batch_size:
-    decode plainly at this many decoding requests or more (a fixed threshold, under any policy; None: no
-    threshold).
+    speculative_policy: "auto" (default: each decode step is an EAGLE-3 round or a plain step, whichever
+    measured more tokens per second at the running batch size; below 4 decoding requests, rounds while the
+    requests' own drafts are accepted, and always for a request that has run none yet; once plain steps
+    win at a batch size, the requests decoding then drop their drafts and finish with plain steps. The
+    choice from 4 requests on depends on timings, so a seeded sampled request is reproducible only when
+    the same steps are chosen: "always" makes it so), "always" (a round every step, as SGLang) or "never"
+    (plain steps only, the draft kept usable). speculative_disable_batch_size: decode plainly at this many
+    decoding requests or more (a fixed threshold, under any policy; None: no threshold).
     tp_size: tensor-parallel degree: one SPMD program over a `("tp",)` mesh of the first tp_size devices,
     weights sharded per `jaxserve.models.sharding` (placed at load time), KV pools sharded on kv heads,
     attention per shard under shard_map; the host cache, allocators and scheduler stay single. With
@@ -96,7 +96,7 @@ class ServerArgs:
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
     grammar_backend: str = "llguidance"
-    speculative_policy: str = "always"
+    speculative_policy: str = "auto"
     speculative_disable_batch_size: int | None = None
     tp_size: int = 1
     ep_size: int | None = None

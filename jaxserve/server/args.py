@@ -90,9 +90,9 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--speculative-num-steps", int, "draft steps per round"),
     ("--speculative-eagle-topk", int, "draft branching factor (1: a chain; > 1: tree drafting)"),
     ("--speculative-num-draft-tokens", int, "tokens verified per round (chain: num-steps + 1; tree: set it)"),
-    ("--speculative-policy", str, "always (default): a round every step; auto: per step, an EAGLE-3 round "
-                                  "or a plain step, whichever measures faster at this batch size; never: "
-                                  "plain steps only"),
+    ("--speculative-policy", str, "auto (default): per step, an EAGLE-3 round or a plain step, whichever "
+                                  "measures faster at this batch size; always: a round every step (as "
+                                  "SGLang); never: plain steps only"),
     ("--speculative-disable-batch-size", int, "decode plainly (drafts kept usable) at this many decoding "
                                               "requests or more"),
 )

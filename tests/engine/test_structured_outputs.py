@@ -101,8 +101,10 @@ def test_bad_grammar_is_refused_and_nothing_is_queued(engine):
 
 @pytest.fixture(scope="module")
 def spec_engine():
+    # a round every decode step: the tests below measure what constrained rounds accept
     return Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
-                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **FLAGS)
+                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), speculative_policy="always",
+                  **FLAGS)
 
 
 @pytest.mark.slow
