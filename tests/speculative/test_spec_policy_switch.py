@@ -176,3 +176,22 @@ def test_requests_drop_their_drafts_once_plain_steps_win_and_stay_lossless(overl
     assert engine.stats["round_steps"] > 0 and max(out["meta_info"]["spec_accept_lengths"]) > 0
     engine.check_memory()
     engine.flush_cache()
+
+
+def test_dropped_drafts_survive_retraction_in_a_small_pool():
+    """Settled on plain steps in a pool too small for every request: requests without a draft are
+    retracted and prefilled again (which rebuilds their draft), outputs still equal the plain engine's and
+    nothing leaks."""
+    prompts = sp.shared_prefix_prompts(seed=17, n=6)
+    params = {**GREEDY, "max_new_tokens": 40}
+    plain = sp.plain_outputs("llama", prompts, params)
+    engine = sp.engine("llama", num_steps=3, speculative_policy="auto", max_total_tokens=160)
+    meter = engine.stepper.measured(len(prompts))
+    for choice, seconds in [(3, 0.05)] * 4 + [(0, 0.001)] * 4:
+        meter.record(choice, seconds)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    assert engine.scheduler.num_retractions > 0 and engine.stats["drafts_dropped"] > len(prompts)  # again
+    assert not engine.stepper.lag.detached
+    engine.check_memory()
+    engine.flush_cache()
