@@ -70,15 +70,18 @@ class CostMeter:
         self.last: int | None = None
         self.run_length = 0
 
-    def record(self, choice: int, seconds: float | None) -> None:
-        """A step with `choice` ran; `seconds` its wall time, None when it is not a steady-state sample."""
+    def record(self, choice: int, seconds: float | None, *, chosen: bool = True) -> None:
+        """A step with `choice` ran; `seconds` its wall time, None when it is not a steady-state sample.
+        `chosen` False: the policy had no choice (say a request without a draft was decoding), and the
+        step does not count towards re-trying the other options (they could not have run)."""
         if self.last is not None and choice != self.last:  # a run of `last` ended
             base = REPROBE_AFTER
             lost_probe = self.run_length <= MIN_RUN  # dropped as soon as its minimum run was over
             interval = self.reprobe_after.get(self.last, base)
             self.reprobe_after[self.last] = min(2 * interval, MAX_REPROBE_AFTER) if lost_probe else base
-        for k in self.since_tried:
-            self.since_tried[k] += 1
+        if chosen:
+            for k in self.since_tried:
+                self.since_tried[k] += 1
         self.since_tried[choice] = 0
         self.run_length = self.run_length + 1 if self.last == choice else 1
         self.last = choice

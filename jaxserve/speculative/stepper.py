@@ -522,7 +522,7 @@ class EagleStepper:
         the batch size and what earlier steps measured (`policy.choose_draft_steps`)."""
         bucket = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
         costs = self.costs.setdefault(bucket, CostMeter())
-        choice = self._choose(reqs, costs.view())
+        choice, chosen = self._choose(reqs, costs.view())
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
         t0 = time.perf_counter()
@@ -537,29 +537,29 @@ class EagleStepper:
         # a step that finished requests also did their bookkeeping (prefix-tree inserts, catch-ups): the
         # same work whichever the choice, and it would skew the per-step costs the policy compares
         sample = steady and not finished and sum(self.num_compiles.values()) == compiles
-        costs.record(choice, seconds if sample else None)
+        costs.record(choice, seconds if sample else None, chosen=chosen)
         self._prev_decode = (bucket, choice)
         self.stats["round_steps" if choice else "plain_decode_steps"] += 1
         return finished
 
-    def _choose(self, reqs: list[Request], costs: StepCosts) -> int:
-        """This decode step's draft steps (`policy.choose_draft_steps`), 0 while a request without a draft
-        decodes. Once the policy has settled on plain steps at this batch size (`policy.settled_on_plain`),
-        the requests decoding now drop their drafts (`DraftLag.detach`): they save the deferred draft
-        extends, and give up rounds for the rest of their decode (a retracted one gets its draft back with
-        its recompute)."""
+    def _choose(self, reqs: list[Request], costs: StepCosts) -> tuple[int, bool]:
+        """This decode step's draft steps (`policy.choose_draft_steps`), and whether the policy chose them:
+        while a request without a draft decodes, the step is plain whatever the policy says. Once the
+        policy has settled on plain steps at this batch size (`policy.settled_on_plain`), the requests
+        decoding now drop their drafts (`DraftLag.detach`), new ones as they join: they save the deferred
+        draft extends, and give up rounds for the rest of their decode (a retracted one gets its draft
+        back with its recompute)."""
         rate, fresh = self.batch_acceptance(reqs)
-        if any(r in self.lag.detached for r in reqs):
-            return 0
-        choice = choose_draft_steps(len(reqs), options=self.options, policy=self.policy,
-                                    disable_batch_size=self.disable_batch_size, accept_rate=rate, fresh=fresh,
-                                    costs=costs)
+        forced = any(r in self.lag.detached for r in reqs)
+        choice = 0 if forced else choose_draft_steps(
+            len(reqs), options=self.options, policy=self.policy, disable_batch_size=self.disable_batch_size,
+            accept_rate=rate, fresh=fresh, costs=costs)
         if not choice and not self.recording and settled_on_plain(
                 len(reqs), options=self.options, policy=self.policy, accept_rate=rate, costs=costs):
-            attached = [r for r in reqs if r in self.rows]
+            attached = [r for r in reqs if r in self.rows and r not in self.lag.detached]
             self.lag.detach(attached)
             self.stats["drafts_dropped"] += len(attached)
-        return choice
+        return choice, not forced
 
     def _plain(self, reqs: list[Request]) -> list[Request]:
         """A plain decode step that keeps the draft usable: the target decodes one token per request and

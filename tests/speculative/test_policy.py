@@ -182,21 +182,22 @@ def test_meter_backs_off_a_probe_that_keeps_losing_and_resets_when_it_wins():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0, 2, 3]), st.integers(1, 8), st.booleans()), max_size=30))
+@given(st.lists(st.tuples(st.sampled_from([0, 2, 3]), st.integers(1, 8), st.booleans(), st.booleans()),
+                max_size=30))
 def test_meter_matches_a_brute_force_model(runs):
-    """Runs of (choice, length, timed): since_tried, run, samples, the back-off and the mean of the first
-    WINDOW samples, against a model that replays the step history."""
+    """Runs of (choice, length, timed, chosen): since_tried (counting chosen steps only), run, samples,
+    the back-off and the mean of the first WINDOW samples, against a model that replays the history."""
     meter = CostMeter()
-    history: list[tuple[int, float | None]] = []
-    for i, (choice, length, timed) in enumerate(runs):
+    history: list[tuple[int, float | None, bool]] = []
+    for i, (choice, length, timed, chosen) in enumerate(runs):
         for j in range(length):
             seconds = 0.001 * (1 + i + j) if timed else None
-            meter.record(choice, seconds)
-            history.append((choice, seconds))
+            meter.record(choice, seconds, chosen=chosen)
+            history.append((choice, seconds, chosen))
     view = meter.view()
     # model: split the history into maximal runs; an ended run of length <= MIN_RUN doubles, else resets
     blocks: list[list] = []
-    for choice, _ in history:
+    for choice, _, _ in history:
         if blocks and blocks[-1][0] == choice:
             blocks[-1][1] += 1
         else:
@@ -208,10 +209,10 @@ def test_meter_matches_a_brute_force_model(runs):
     assert view.reprobe_after == interval
     assert view.last == (blocks[-1][0] if blocks else None)
     assert view.run_length == (blocks[-1][1] if blocks else 0)
-    for k in {c for c, _ in history}:
-        last_index = max(i for i, (c, _) in enumerate(history) if c == k)
-        assert view.since_tried[k] == len(history) - 1 - last_index
-        timed = [s for c, s in history if c == k and s is not None]
+    for k in {c for c, _, _ in history}:
+        last_index = max(i for i, (c, _, _) in enumerate(history) if c == k)
+        assert view.since_tried[k] == sum(chosen for _, _, chosen in history[last_index + 1:])
+        timed = [s for c, s, _ in history if c == k and s is not None]
         assert view.samples.get(k, 0) == len(timed)
         if 0 < len(timed) <= CostMeter.WINDOW:
             assert view.seconds[k] == pytest.approx(sum(timed) / len(timed), rel=1e-9)

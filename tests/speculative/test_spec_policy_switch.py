@@ -146,26 +146,32 @@ def test_deferred_draft_extends_leave_the_draft_as_eager_extends():
 @pytest.mark.parametrize("overlap", [True, False])
 def test_requests_drop_their_drafts_once_plain_steps_win_and_stay_lossless(overlap):
     """`auto` at 4 requests, with measurements where rounds lose: the first decode step drops every
-    request's draft (no round, no catch-up after that), outputs equal the plain engine's (one request
-    aborted mid-decode leaks nothing), the prefix tree caches each finished request's prompt but not its
-    decoded positions (they have no draft KV), and a later request alone on a cached prompt runs rounds
-    that accept drafts."""
-    prompts = sp.shared_prefix_prompts(seed=13, n=4)
+    request's draft (no round, no catch-up after that), a request that joins them drops its draft too,
+    outputs equal the plain engine's (one request aborted mid-decode leaks nothing), the prefix tree
+    caches each finished request's prompt but not its decoded positions (they have no draft KV), and a
+    later request alone on a cached prompt runs rounds that accept drafts."""
+    prompts = sp.shared_prefix_prompts(seed=13, n=5)
     params = {**GREEDY, "max_new_tokens": 24}
     plain = sp.plain_outputs("llama", prompts, params)
     engine = sp.engine("llama", num_steps=3, speculative_policy="auto", disable_overlap_schedule=not overlap)
-    meter = engine.stepper.measured(4)
-    for choice, seconds in [(3, 0.05)] * 4 + [(0, 0.001)] * 4:  # rounds: 50 ms for < 4 tokens; plain 1 ms
-        meter.record(choice, seconds)
-    rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts]
+    for size in (4, 8):  # the buckets of 3-4 and 5-8 requests
+        meter = engine.stepper.measured(size)
+        for choice, seconds in [(3, 0.05)] * 4 + [(0, 0.001)] * 4:  # rounds 50 ms for < 4 tokens, plain 1 ms
+            meter.record(choice, seconds)
+    rids = [engine.submit(input_ids=p, sampling_params=params) for p in prompts[:4]]
     while len(engine.request(rids[3]).output_ids) < 6:
         engine.step()
     assert len(engine.stepper.lag.detached) == 4
+    rids.append(engine.submit(input_ids=prompts[4], sampling_params=params))
+    while len(engine.request(rids[4]).output_ids) < 3:
+        engine.step()
+    assert len(engine.stepper.lag.detached) == 5
     engine.abort(rids[3])
     engine.run_until_idle()
-    assert [engine.output(r)["output_ids"] for r in rids[:3]] == [o["output_ids"] for o in plain[:3]]
+    kept = [0, 1, 2, 4]
+    assert [engine.output(rids[i])["output_ids"] for i in kept] == [plain[i]["output_ids"] for i in kept]
     stats = engine.stats
-    assert stats["drafts_dropped"] == 4 and stats["round_steps"] == 0 and stats["draft_catch_ups"] == 0
+    assert stats["drafts_dropped"] == 5 and stats["round_steps"] == 0 and stats["draft_catch_ups"] == 0
     assert not engine.stepper.lag.detached
     engine.check_memory()
     again = list(prompts[0]) + engine.output(rids[0])["output_ids"]
