@@ -15,8 +15,9 @@ drafts (say a server's warm-up prompt) must not turn rounds off for the next.
 
 The model: drafts are accepted left to right, each with probability `accept_rate` given its parent was, so
 a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on average. The stepper
-measures the seconds a decode step takes for each choice and batch-size bucket (steps that compiled are
-not measured) and the acceptance from the rounds it ran; `choose_draft_steps` picks the choice with the
+measures the seconds a decode step takes for each choice and batch-size bucket (`CostMeter`; steps that
+compiled or finished requests are not samples: a finishing request's tree insert costs the same whichever
+choice ran) and the acceptance from the rounds it ran; `choose_draft_steps` picks the choice with the
 most tokens per second. A choice not measured yet, or not tried for `reprobe_after` steps, is tried
 (exploration), so a change in acceptance or load is noticed. The stepper backs off a probe that lost: each
 time a re-tried choice is dropped again after its minimum run, its interval doubles (up to
