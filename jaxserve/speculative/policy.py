@@ -1,5 +1,7 @@
-"""When to speculate: a pure function choosing, per decode step, how many draft steps an EAGLE-3 round runs
-(0 = a plain decode step, which still keeps every request's draft state usable).
+"""When to speculate: pure functions choosing, per decode step, how many draft steps an EAGLE-3 round runs
+(0 = a plain decode step, `choose_draft_steps`) and whether plain steps have won for good at a batch size
+(`settled_on_plain`: the requests decoding then drop their drafts), and the `CostMeter` the stepper keeps
+its timings in.
 
 Why a choice at all: a round costs more device time than a plain step (draft steps, a verify over S + 1
 tokens per request, the draft extend), and it pays off only while the tokens it emits per request outweigh
