@@ -1,9 +1,9 @@
 """Speculative decoding benchmark: output tokens/s with and without EAGLE-3 on the embedded model, one run.
 
-    python -m jaxserve.bench.speculative                       # batch sizes 1, 8, 32
+    python -m jaxserve.bench.speculative                       # batch sizes 1, 8, 32, 64; 5 repeats
     python -m jaxserve.bench.speculative --batch-sizes 1 8 --output-len 32
     python -m jaxserve.bench.speculative --model-path DIR      # DIR/draft holds the EAGLE-3 head
-    python -m jaxserve.bench.speculative --repeats 5           # timed passes per engine (default 3)
+    python -m jaxserve.bench.speculative --repeats 9           # timed passes per engine (default 5)
 
 For each batch size B, B prompts (first docstring lines of standard-library callables, a text the embedded
 model was trained on) decode `--output-len` tokens greedily, EOS ignored, on two engines over the same
@@ -156,12 +156,13 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-path", default=str(EMBEDDED_MODEL_DIR))
     p.add_argument("--draft-path", default=None, help="default: <model-path>/draft")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--num-steps", type=int, default=2)
     p.add_argument("--topk", type=int, default=1, help="> 1: tree drafting (needs --num-draft-tokens)")
     p.add_argument("--num-draft-tokens", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per engine and batch size")
+    # 3 passes of ~0.2-0.4 s each moved a ratio by 10-20% between runs on a quiet 2-core machine
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per engine and batch size")
     p.add_argument("--policy", default="auto", choices=("auto", "always", "never"),
                    help="--speculative-policy of the EAGLE-3 engine (auto: a round or a plain step per step)")
     p.add_argument("--disable-batch-size", type=int, default=None,
