@@ -72,12 +72,13 @@ class DraftLag:
             if req not in self.detached:
                 self.since.setdefault(req, req.num_computed)
 
-    def detach(self, reqs: list[Request]) -> None:
+    def detach(self, reqs: list[Request]) -> int:
         """Drop `reqs`' drafts: what a catch-up would still need is forgotten, and their later plain steps
-        keep nothing for the draft (see the class)."""
-        for req in reqs:
-            if req not in self.detached:
-                self.detached[req] = self.since.pop(req, req.num_computed)
+        keep nothing for the draft (see the class). Returns how many had a draft until now."""
+        fresh = [r for r in reqs if r not in self.detached]
+        for req in fresh:
+            self.detached[req] = self.since.pop(req, req.num_computed)
+        return len(fresh)
 
     def lagging(self, reqs: list[Request]) -> list[Request]:
         return [r for r in reqs if r in self.since]

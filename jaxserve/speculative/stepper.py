@@ -521,7 +521,7 @@ class EagleStepper:
         """One decode step for every decoding request: a round, or a plain step, as the policy chooses from
         the batch size and what earlier steps measured (`policy.choose_draft_steps`)."""
         bucket = pick_bucket(len(reqs), self.seq_buckets, "num_seqs")
-        costs = self.costs.setdefault(bucket, CostMeter())
+        costs = self.measured(len(reqs))
         choice, chosen = self._choose(reqs, costs.view())
         steady = self._prev_decode == (bucket, choice)
         compiles = sum(self.num_compiles.values())
@@ -556,9 +556,7 @@ class EagleStepper:
             accept_rate=rate, fresh=fresh, costs=costs)
         if not choice and not self.recording and settled_on_plain(
                 len(reqs), options=self.options, policy=self.policy, accept_rate=rate, costs=costs):
-            attached = [r for r in reqs if r in self.rows and r not in self.lag.detached]
-            self.lag.detach(attached)
-            self.stats["drafts_dropped"] += len(attached)
+            self.stats["drafts_dropped"] += self.lag.detach([r for r in reqs if r in self.rows])
         return choice, not forced
 
     def _plain(self, reqs: list[Request]) -> list[Request]:

@@ -20,6 +20,11 @@ from jaxserve.speculative.policy import (
 )
 
 
+def _tokens_per_s(k: int, rate: float, seconds: dict[int, float], margin: float) -> float:
+    """Brute force: option k's expected tokens per second, speculation handicapped by the margin."""
+    return sum(rate ** i for i in range(k + 1)) / seconds[k] / (1.0 if k == 0 else 1.0 + margin)
+
+
 def _measured(seconds: dict[int, float], samples: int = 5) -> StepCosts:
     return StepCosts(seconds=seconds, samples=dict.fromkeys(seconds, samples),
                      since_tried=dict.fromkeys(seconds, 1), last=None, run_length=10)
@@ -78,9 +83,8 @@ def test_auto_picks_the_most_tokens_per_second(rate, t0, t2, t3, margin):
     seconds = {0: t0, 2: t2, 3: t3}
     got = choose_draft_steps(16, options=(0, 2, 3), accept_rate=rate, costs=_measured(seconds), margin=margin)
 
-    def score(k):  # brute force: every option's tokens per second, speculation handicapped by the margin
-        tokens = sum(rate ** i for i in range(k + 1))
-        return tokens / seconds[k] / (1.0 if k == 0 else 1.0 + margin)
+    def score(k):
+        return _tokens_per_s(k, rate, seconds, margin)
 
     best = max(score(k) for k in seconds)
     assert score(got) == pytest.approx(best, rel=1e-9)
@@ -140,8 +144,8 @@ def test_settled_on_plain_when_plain_has_the_most_measured_tokens_per_second(rat
     costs = _measured(seconds)
     got = settled_on_plain(batch_size, options=(0, 2, 3), accept_rate=rate, costs=costs, margin=margin)
 
-    def score(k):  # brute force, as in the choice above (ties go to plain)
-        return sum(rate ** i for i in range(k + 1)) / seconds[k] / (1.0 if k == 0 else 1.0 + margin)
+    def score(k):  # ties go to plain
+        return _tokens_per_s(k, rate, seconds, margin)
 
     assert got == (batch_size >= 4 and score(0) >= max(score(2), score(3)))
     if got:  # the choice agrees whenever it is not exploring
