@@ -48,8 +48,9 @@ def extend_and_store(draft: Eagle3Draft, ids: jax.Array, hidden_in: jax.Array, m
     if record:
         logits, hidden, dpool = draft(ids, hidden_in, meta, dpool, emb, return_all_logits=True)
         last_logits, top1 = logits[last_idx], greedy_ids(draft, logits)
-    else:
-        _, hidden, dpool = draft(ids, hidden_in, meta, dpool, emb)
-        last_logits, top1 = draft.logits(hidden[last_idx]), None
-    states = store(states, dest, (*best_next(draft, last_logits, topk), hidden[last_idx]))
+        last = hidden[last_idx]
+    else:  # the layer runs over the stored rows only (every token's K/V is written)
+        last, dpool = draft.extend(ids, hidden_in, meta, dpool, emb, last_idx)
+        last_logits, top1 = draft.logits(last), None
+    states = store(states, dest, (*best_next(draft, last_logits, topk), last))
     return dpool, states, top1

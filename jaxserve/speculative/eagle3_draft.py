@@ -25,6 +25,7 @@ Draft ids map to target ids through `d2t` (`jaxserve.speculative.vocab_map`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -37,7 +38,7 @@ from jaxserve.layers.backends import DEFAULT_BACKEND, get_backend
 from jaxserve.layers.mlp import GatedMLP
 from jaxserve.layers.norm import RMSNorm
 from jaxserve.layers.rotary import RotaryEmbedding
-from jaxserve.memory.kv_pool import KVPool, make_kv_pool
+from jaxserve.memory.kv_pool import KVPool, make_kv_pool, write_kv
 from jaxserve.models.weight_spec import WeightSpec
 from jaxserve.speculative.eagle3_config import Eagle3Config, default_aux_layer_ids
 
@@ -173,6 +174,36 @@ class Eagle3Draft(nnx.Module):
         out, pool = get_backend(self.backend)(q, k, v, pool, 0, meta)
         h = self.finish(out.reshape(out.shape[0], -1), hidden)
         return self.logits(h if return_all_logits else h[meta.sample_idx]), h, pool
+
+    def extend(self, input_ids: jax.Array, hidden: jax.Array, meta: AttentionMetadata, pool: KVPool,
+               embedding: jax.Array, rows: jax.Array) -> tuple[jax.Array, KVPool]:
+        """`__call__` when only some tokens' output states are needed (an extend keeps each sequence's
+        last one): the K/V of all T tokens are written, as `__call__` writes them, but attention, o_proj
+        and the MLP run over the `rows [R]` (token indices) only. Exact: the draft is one layer, so a
+        token's K/V depend on its own input alone, never on another token's attention output. Returns
+        `(hidden_out [R, H], new_pool)`, equal to `__call__`'s `hidden_out[rows]`; donate `pool` under jit.
+        A prefill extend of T tokens over S sequences then costs the fc and K/V projections of T tokens plus
+        one layer over S tokens, instead of the layer over T."""
+        cfg, layer = self.config, self.midlayer
+        hidden = self.fuse(hidden)
+        embeds = jnp.take(embedding, input_ids, axis=0).astype(hidden.dtype)
+        a = jnp.concatenate([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], axis=-1)
+        n, r = a.shape[0], rows.shape[0]
+        k = self.rotary(layer.self_attn.k_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim), meta.positions)
+        v = layer.self_attn.v_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        pool = write_kv(pool, 0, meta.write_slots, k, v)  # every token's K/V, before anything reads the pool
+        # the rows as a step of their own: same sequences, context and positions (their K/V written again,
+        # the same values), so each row sees exactly the keys it sees in the full step
+        sub = dataclasses.replace(
+            meta, positions=meta.positions[rows], seq_ids=meta.seq_ids[rows],
+            write_slots=meta.write_slots[rows],
+            swa_write_slots=None if meta.swa_write_slots is None else meta.swa_write_slots[rows],
+            custom_mask=None if meta.custom_mask is None else meta.custom_mask[rows],
+            sample_idx=jnp.arange(meta.num_seqs, dtype=jnp.int32).clip(max=r - 1))
+        q = layer.self_attn.q_proj(a[rows]).reshape(r, cfg.num_heads, cfg.head_dim)
+        q = self.rotary(q, sub.positions)
+        out, pool = get_backend(self.backend)(q, k[rows], v[rows], pool, 0, sub)
+        return self.finish(out.reshape(r, -1), hidden[rows]), pool
 
     # ---- vocabulary ----------------------------------------------------------------------------------------
     def to_target_ids(self, draft_ids: jax.Array) -> jax.Array:

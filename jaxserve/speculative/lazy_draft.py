@@ -30,6 +30,9 @@ Cost, measured on the embedded model (CPU, device programs alone, same run): the
 costs what the plain engine's step costs (5.69 vs 5.67 ms at 32 requests, 9.28 vs 9.38 ms at 64); a
 catch-up over 16 positions of 32 (64) requests costs 7.1 (16.2) ms, ~0.45 ms per plain step (the extend
 inside each plain step cost ~1.1 ms at 32). The catch-ups are the rest of the gap to the plain engine.
+(Those catch-up figures predate `Eagle3Draft.extend`, which runs the layer over each request's last
+position only and writes the K/V of the others: a catch-up now costs the fc and K/V projections of its
+positions plus one layer per request.)
 """
 
 from __future__ import annotations

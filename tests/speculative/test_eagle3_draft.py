@@ -139,3 +139,54 @@ def test_jitted_forward_with_donated_pool_equals_eager(draft):
     close(new_pool.data, eager[2].data)
     forward(params, ids_p, aux_p, meta, new_pool, embedding)
     assert forward._cache_size() == 1
+
+
+@pytest.mark.parametrize("backend", ["xla", "native"])
+def test_extend_computes_the_layer_at_the_kept_rows_and_writes_every_tokens_kv(backend):
+    """`Eagle3Draft.extend` (the layer over each sequence's last token only) against the numpy reference:
+    three sequences of a ragged step, one with a cached prefix; the kept rows' output states equal the
+    reference's, the pool equals what the full forward writes, and a next step that attends to every
+    written key matches the reference too (so no token's K/V was skipped)."""
+    from jaxserve.layers.attention_metadata import SequenceStep, build_attention_metadata
+    from jaxserve.speculative.eagle3_draft import make_draft_pool
+
+    model = tiny_draft(tiny_draft_config(), seed=3)
+    model.backend = backend
+    tensors = reference_tensors(model)
+    embedding = np.random.default_rng(5).normal(0, 1.0, (VOCAB, HIDDEN)).astype(np.float32)
+    page_size, lens, cached = 4, [7, 1, 5], [0, 0, 6]  # sequence 2 continues a 6-token prefix
+    pages = [[1, 2], [3], [4, 5, 6]]
+    pool = make_draft_pool(model.config, 8, page_size, np.float32)
+    prefix_ids, prefix_aux = _inputs(6, seed=6)
+    meta0 = build_attention_metadata([SequenceStep(6, 6, pages[2])], page_size=page_size, page_buckets=(4,))
+    pad0 = meta0.num_tokens - 6
+    _, _, pool = model(np.pad(prefix_ids, (0, pad0)), np.pad(prefix_aux, ((0, pad0), (0, 0))), meta0, pool,
+                       embedding)
+    ids, aux = _inputs(sum(lens), seed=7)
+    seqs = [SequenceStep(n, c + n, p) for n, c, p in zip(lens, cached, pages, strict=True)]
+    meta = build_attention_metadata(seqs, page_size=page_size, seq_buckets=(4,), page_buckets=(4,))
+    pad = meta.num_tokens - sum(lens)
+    ids_p, aux_p = np.pad(ids, (0, pad)), np.pad(aux, ((0, pad), (0, 0)))
+    _, full_hidden, full_pool = model(ids_p, aux_p, meta, pool, embedding)
+    rows = np.asarray(meta.sample_idx)
+    kept, pool = model.extend(ids_p, aux_p, meta, pool, embedding, rows)
+    np.testing.assert_allclose(np.asarray(pool.data), np.asarray(full_pool.data), rtol=1e-6, atol=1e-6)
+    starts = np.cumsum([0, *lens])
+    for s, (n, c) in enumerate(zip(lens, cached, strict=True)):
+        cache = {"k": [], "v": [], "pos": []}
+        if c:
+            reference_step(tensors, model.config, embedding, prefix_ids, prefix_aux, np.arange(c), cache)
+        _, ref_h = reference_step(tensors, model.config, embedding, ids[starts[s]: starts[s + 1]],
+                                  aux[starts[s]: starts[s + 1]], np.arange(c, c + n), cache)
+        assert _rel(kept[s], ref_h[-1]) <= TOL
+        assert _rel(kept[s], np.asarray(full_hidden)[rows[s]]) <= TOL
+        # one more token on the draft's own state: it reads every key the extend wrote
+        step = build_attention_metadata([SequenceStep(1, c + n + 1, pages[s])], page_size=page_size,
+                                        page_buckets=(4,))
+        tok = np.asarray([11], np.int32)
+        logits, _, _ = model(np.pad(tok, (0, step.num_tokens - 1)),
+                             np.pad(np.asarray(kept[s:s + 1]), ((0, step.num_tokens - 1), (0, 0))),
+                             step, pool, embedding)
+        ref_logits, _ = reference_step(tensors, model.config, embedding, tok, ref_h[-1:],
+                                       np.asarray([c + n]), cache)
+        assert _rel(np.asarray(logits)[:1], ref_logits) <= TOL
