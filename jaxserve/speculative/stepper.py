@@ -52,8 +52,9 @@ advanced it the most it can (start n + S + 1 for a chain, slots allocated that f
 verdict too (kept per state row in `shifts`). A request that finished in round t ran round t+1 for
 nothing: its results there are dropped, its slots are already back (device order keeps the late writes
 ahead of any reuse). A prefill, or nothing left to decode, or a switch between rounds and plain steps,
-first applies the step in flight (`drain`). `record_draft_top1` and steps with a grammar-constrained
-request run synchronously. Sampled outputs are the same under both schedules (same steps, same keys).
+first applies the step in flight (`drain`). A prefill step stays in flight too: the plain step
+after it reads its samples on device. `record_draft_top1` and steps with a grammar-constrained request
+run synchronously. Sampled outputs are the same under both schedules (same steps, same keys).
 
 Constrained round (any request with a grammar): two calls with the host between them. `draft_chain`
 drafts the chains and the host reads them; `grammar_draft.walk_drafts` advances each grammar along its
@@ -429,8 +430,15 @@ class EagleStepper:
         return self._apply(done, ())
 
     def prefill(self, batch: list[ScheduledSeq]) -> list[Request]:
-        """Dispatch a target step with the draft extend (see `_dispatch`) and apply it now."""
-        return self._apply_plain(self._dispatch(batch, None))
+        """Dispatch a target step with the draft extend (see `_dispatch`). Under the overlap schedule it
+        stays in flight like a plain step: the next step, a plain decode step, is built and dispatched
+        while it runs and reads its samples on device (a prefill, a round, or a grammar's need for the
+        token on the host applies it first); otherwise it is applied now."""
+        step = self._dispatch(batch, None)
+        if self.overlap and self.slot_top1 is None:
+            self.inflight = step
+            return []
+        return self._apply_plain(step)
 
     def _dispatch(self, batch: list[ScheduledSeq], prev: _PlainStep | None) -> _PlainStep:
         """Dispatch the prefill program over `batch` (prefill chunks, or one-token decodes). A decode

@@ -106,6 +106,32 @@ def test_abort_while_a_plain_step_is_in_flight_leaks_nothing():
     engine.flush_cache()
 
 
+def test_a_prefill_stays_in_flight_while_the_next_plain_step_is_dispatched():
+    """Overlapped: the prefill step is not applied when dispatched; the plain step after it is dispatched
+    first (it reads the prefill's samples on device), then the prefill is applied. Aborting a request
+    while its prefill is in flight leaks nothing; the others finish with the plain engine's output."""
+    prompts = sp.shared_prefix_prompts(seed=25, n=3)
+    params = [{**GREEDY, "max_new_tokens": 12}, {"temperature": 0.8, "max_new_tokens": 9, "seed": 7},
+              {**GREEDY, "max_new_tokens": 10}]
+    plain = sp.plain_outputs("llama", prompts, params)
+    engine = sp.engine("llama", num_steps=3, speculative_disable_batch_size=1)
+    rids = [engine.submit(input_ids=p, sampling_params=q) for p, q in zip(prompts, params, strict=True)]
+    reqs = [engine.request(r) for r in rids]
+    engine.step()
+    assert engine.stats["prefill_steps"] == 1 and engine.stepper.inflight is not None
+    assert all(not r.output_ids for r in reqs)  # its samples are still on device
+    engine.abort(rids[2])
+    assert reqs[2] not in engine.stepper.rows
+    engine.step()  # a plain step: dispatched, then the prefill applied
+    assert engine.stats["plain_decode_steps"] == 1 and engine.stepper.inflight is not None
+    assert [len(r.output_ids) for r in reqs[:2]] == [1, 1]
+    engine.run_until_idle()
+    assert [engine.output(r)["output_ids"] for r in rids[:2]] == [o["output_ids"] for o in plain[:2]]
+    assert not engine.stepper.rows
+    engine.check_memory()
+    engine.flush_cache()
+
+
 def test_deferred_draft_extends_leave_the_draft_as_eager_extends():
     """Plain steps defer the draft extend (`speculative.lazy_draft`). Two requests decode plainly for more
     steps than the aux ring holds (catch-ups when it fills), one finishes while its draft lags (its
