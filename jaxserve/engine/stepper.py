@@ -19,9 +19,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-import numpy as np
-
-from jaxserve.engine import prompt_logprobs
+from jaxserve.engine import host_read, prompt_logprobs
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.runner import Bucket, ModelRunner, Programs
@@ -149,11 +147,11 @@ class PlainStepper:
             return []
         t1 = time.perf_counter()
         out = inflight[1]
-        token_ids, logprobs = np.asarray(out.token_ids), np.asarray(out.logprobs)
+        token_ids, logprobs = host_read.to_host(out.token_ids, out.logprobs)
         wants_top = any(s.req.params.top_logprobs_num for s in inflight[0])
-        top = (np.asarray(out.top_ids), np.asarray(out.top_logprobs)) if wants_top else None
+        top = host_read.to_host(out.top_ids, out.top_logprobs) if wants_top else None
         if inflight[2] is not None:
-            prompt_logprobs.record(inflight[0], *(np.asarray(x) for x in inflight[2]))
+            prompt_logprobs.record(inflight[0], *host_read.to_host(*inflight[2]))
         t2 = time.perf_counter()
         finished = self.scheduler.process(inflight[0], token_ids, logprobs, top)
         self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)

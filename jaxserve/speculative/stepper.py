@@ -86,6 +86,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxserve.engine import host_read
 from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
@@ -474,9 +475,9 @@ class EagleStepper:
         """Read a dispatched prefill-program step's samples and apply them (scheduler rules: requests
         aborted, retracted or finished since are skipped). Returns the finished requests."""
         out = done.out
-        token_ids, logprobs = jax.device_get((out.token_ids, out.logprobs))
+        token_ids, logprobs = host_read.to_host(out.token_ids, out.logprobs)
         wanted = _wants_top(s.req for s in done.batch)
-        top = jax.device_get((out.top_ids, out.top_logprobs)) if wanted else None
+        top = host_read.to_host(out.top_ids, out.top_logprobs) if wanted else None
         self._record(done.meta, done.num_tokens, done.top1)
         finished = self.scheduler.process(done.batch, token_ids, logprobs, top)
         # lagging requests that finished: their draft KV completed before anything can reuse their slots
@@ -730,13 +731,13 @@ class EagleStepper:
             self.dpool, *tree = fns[2].call(plan.bucket, (
                 self.dparams, self.dpool, self.states, self.emb, plan.state_rows, plan.last, plan.draft_metas,
                 prefix), repad_tree_draft)
-            tokens, parents, depths, children = jax.device_get(tree)
+            tokens, parents, depths, children = host_read.to_host(*tree)
             tokens, children, bitmask = walk_tree(matchers, tokens, parents, children, num_words)
             drafted, repad = (tokens, parents, depths, children, exact), repad_tree_verify
         else:
             self.dpool, drafts = fns[2].call(plan.bucket, (self.dparams, self.dpool, self.states, self.emb,
                                                            plan.state_rows, plan.draft_metas), _repad_draft)
-            tokens, depth, bitmask = walk_drafts(matchers, np.asarray(jax.device_get(drafts)), num_words)
+            tokens, depth, bitmask = walk_drafts(matchers, host_read.to_host(drafts)[0], num_words)
             drafted, repad = (plan.last, tokens, depth, exact), _repad_verify
         sampling = dataclasses.replace(plan.sampling, token_bitmask=bitmask)
         (self.kv.pools, self.dpool, self.runner.penalties, self.states, self.shifts, verdict,
@@ -750,9 +751,9 @@ class EagleStepper:
         logprobs, verify rows of the nodes that produced them, and per emitted token its (top ids, top
         logprobs) - read only when a request asks for top logprobs, else empty arrays)."""
         nv = self.num_verify
-        num_acc, emitted, logprobs, path = jax.device_get(
-            (verdict.num_accepted, verdict.emitted, verdict.logprobs, verdict.path))
-        top = jax.device_get((verdict.top_ids, verdict.top_logprobs)) if _wants_top(reqs) else None
+        num_acc, emitted, logprobs, path = host_read.to_host(
+            verdict.num_accepted, verdict.emitted, verdict.logprobs, verdict.path)
+        top = host_read.to_host(verdict.top_ids, verdict.top_logprobs) if _wants_top(reqs) else None
         out = []
         for i in range(len(reqs)):
             a = int(num_acc[i])

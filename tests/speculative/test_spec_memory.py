@@ -104,13 +104,16 @@ def test_last_prefill_chunk_of_one_token_and_tree_drafting_under_retraction():
 
 @pytest.mark.parametrize("mode", ["chain", "chain-overlap", "tree", "tree-overlap"])
 def test_device_reads_per_round(mode, monkeypatch):
-    """Every device -> host read goes through `ArrayImpl._value` (np.asarray, int(), device_get): a chain
-    round or tree round reads only its verdict (4 arrays, in one `device_get`).
+    """The steppers read results through `host_read.to_host`; any other read (int(), device_get, an
+    explicit `__array__`) goes through `ArrayImpl._value`: both are counted. A chain round or tree round
+    reads only its verdict (4 arrays, in one `to_host`).
     Overlapped (chains and trees alike), a step dispatches its round and reads the previous one's verdict,
     and the prefill stays in flight: the prefill step reads nothing, the first decode step reads the
     prefill's samples (a round needs them on the host) and no verdict, the last step (nothing left to
     decode) reads the final verdict."""
     from jax._src import array as jax_array
+
+    from jaxserve.engine import host_read
 
     tree = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=4)
     extra = {"chain": dict(disable_overlap_schedule=True), "chain-overlap": {},
@@ -125,6 +128,13 @@ def test_device_reads_per_round(mode, monkeypatch):
         return value.fget(self)
 
     monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(counted))
+    to_host = host_read.to_host
+
+    def counted_to_host(*arrays):
+        reads.extend(a.shape for a in arrays)
+        return to_host(*arrays)
+
+    monkeypatch.setattr(host_read, "to_host", counted_to_host)
     rids = [engine.submit(input_ids=p, sampling_params={**GREEDY, "max_new_tokens": 12}) for p in prompts]
     engine.step()  # prefill: the sampled ids and their logprobs (overlapped: read by the next step)
     assert len(reads) == (0 if mode.endswith("overlap") else 2)
