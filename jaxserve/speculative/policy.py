@@ -29,7 +29,9 @@ steady load where rounds lose then pays for a few probe rounds per thousand step
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 from collections.abc import Mapping, Sequence
 
 POLICIES = ("auto", "always", "never")
@@ -40,12 +42,13 @@ MAX_REPROBE_AFTER = 1024
 
 @dataclasses.dataclass(frozen=True)
 class StepCosts:
-    """What the stepper measured for one batch-size bucket: `seconds[k]` the mean wall seconds of a decode
-    step with k draft steps, `samples[k]` how many steps that mean is over, `since_tried[k]` decode steps
-    since k last ran (absent: never); `last` the choice of the previous decode step and `run_length` how
-    many decode steps in a row it has been chosen (a switch drains or refills the overlap pipeline, so
-    only the steps after the first of a run measure the steady state); `reprobe_after[k]` the steps after
-    which k is re-tried (absent: `choose_draft_steps`' `reprobe_after`; the stepper backs it off)."""
+    """What the stepper measured for one batch-size bucket: `seconds[k]` the typical wall seconds of a
+    decode step with k draft steps (`CostMeter`), `samples[k]` how many steps were measured,
+    `since_tried[k]` decode steps since k last ran (absent: never); `last` the choice of the previous
+    decode step and `run_length` how many decode steps in a row it has been chosen (a switch drains or
+    refills the overlap pipeline, so only the steps after the first of a run measure the steady state);
+    `reprobe_after[k]` the steps after which k is re-tried (absent: `choose_draft_steps`' `reprobe_after`;
+    the stepper backs it off)."""
 
     seconds: Mapping[int, float] = dataclasses.field(default_factory=dict)
     samples: Mapping[int, int] = dataclasses.field(default_factory=dict)
@@ -57,16 +60,17 @@ class StepCosts:
 
 class CostMeter:
     """What a stepper measures for one batch-size bucket, as `choose_draft_steps` reads it (`view`): wall
-    seconds of a decode step per choice (the mean of the first samples, then a moving average over about
-    the last `WINDOW`), steps since each choice last ran, the current run, and each choice's re-probe
-    interval: doubled (up to `MAX_REPROBE_AFTER`) each time a run of it ends within `MIN_RUN` steps (a
-    probe that lost: the policy dropped it as soon as it could), back to `REPROBE_AFTER` after a longer
-    run."""
+    seconds of a decode step per choice (the median of its last `WINDOW` samples: one step stalled by the
+    OS or a garbage collection must not flip a choice that wins by 10-20%, as it could a mean), steps since
+    each choice last ran, the current run, and each choice's re-probe interval: doubled (up to
+    `MAX_REPROBE_AFTER`) each time a run of it ends within `MIN_RUN` steps (a probe that lost: the policy
+    dropped it as soon as it could), back to `REPROBE_AFTER` after a longer run."""
 
     WINDOW = 16
 
     def __init__(self) -> None:
         self.seconds: dict[int, float] = {}
+        self._recent: dict[int, collections.deque[float]] = {}
         self.samples: dict[int, int] = {}
         self.since_tried: dict[int, int] = {}
         self.reprobe_after: dict[int, int] = {}
@@ -89,10 +93,10 @@ class CostMeter:
         self.run_length = self.run_length + 1 if self.last == choice else 1
         self.last = choice
         if seconds is not None:
-            n = self.samples.get(choice, 0)
-            weight = 1.0 / (n + 1) if n < self.WINDOW else 1.0 / self.WINDOW
-            self.seconds[choice] = self.seconds.get(choice, seconds) * (1 - weight) + seconds * weight
-            self.samples[choice] = n + 1
+            recent = self._recent.setdefault(choice, collections.deque(maxlen=self.WINDOW))
+            recent.append(seconds)
+            self.seconds[choice] = statistics.median(recent)
+            self.samples[choice] = self.samples.get(choice, 0) + 1
 
     def view(self) -> StepCosts:
         return StepCosts(dict(self.seconds), dict(self.samples), dict(self.since_tried), self.last,

@@ -190,7 +190,7 @@ def test_meter_backs_off_a_probe_that_keeps_losing_and_resets_when_it_wins():
                 max_size=30))
 def test_meter_matches_a_brute_force_model(runs):
     """Runs of (choice, length, timed, chosen): since_tried (counting chosen steps only), run, samples,
-    the back-off and the mean of the first WINDOW samples, against a model that replays the history."""
+    the back-off and the median of the last WINDOW samples, against a model that replays the history."""
     meter = CostMeter()
     history: list[tuple[int, float | None, bool]] = []
     for i, (choice, length, timed, chosen) in enumerate(runs):
@@ -218,7 +218,5 @@ def test_meter_matches_a_brute_force_model(runs):
         assert view.since_tried[k] == sum(chosen for _, _, chosen in history[last_index + 1:])
         timed = [s for c, s, _ in history if c == k and s is not None]
         assert view.samples.get(k, 0) == len(timed)
-        if 0 < len(timed) <= CostMeter.WINDOW:
-            assert view.seconds[k] == pytest.approx(sum(timed) / len(timed), rel=1e-9)
-        elif timed:  # a moving average: within the samples' range, nearer the recent ones
-            assert min(timed) <= view.seconds[k] <= max(timed)
+        if timed:
+            assert view.seconds[k] == pytest.approx(float(np.median(timed[-CostMeter.WINDOW:])), rel=1e-12)
