@@ -139,13 +139,23 @@ class Eagle3Draft(nnx.Module):
 
     def qkv(self, embeds: jax.Array, hidden: jax.Array, positions: jax.Array):
         """`embeds, hidden [N, H]`, int `positions [N]` -> rotated q `[N, heads, D]`, k, v `[N, kv, D]`."""
-        cfg, layer = self.config, self.midlayer
-        a = jnp.concatenate([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], axis=-1)
-        n = a.shape[0]
-        q = layer.self_attn.q_proj(a).reshape(n, cfg.num_heads, cfg.head_dim)
-        k = layer.self_attn.k_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim)
-        v = layer.self_attn.v_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim)
-        return self.rotary(q, positions), self.rotary(k, positions), v
+        a = self._attn_input(embeds, hidden)
+        return (self._q(a, positions), *self._kv(a, positions))
+
+    def _attn_input(self, embeds: jax.Array, hidden: jax.Array) -> jax.Array:
+        """`[N, 2H]`: the normed embeddings beside the normed hidden states (what q, k and v project)."""
+        layer = self.midlayer
+        return jnp.concatenate([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], axis=-1)
+
+    def _q(self, a: jax.Array, positions: jax.Array) -> jax.Array:
+        cfg = self.config
+        q = self.midlayer.self_attn.q_proj(a).reshape(-1, cfg.num_heads, cfg.head_dim)
+        return self.rotary(q, positions)
+
+    def _kv(self, a: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        cfg, attn = self.config, self.midlayer.self_attn
+        k = attn.k_proj(a).reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        return self.rotary(k, positions), attn.v_proj(a).reshape(-1, cfg.num_kv_heads, cfg.head_dim)
 
     def finish(self, attn_out: jax.Array, hidden: jax.Array) -> jax.Array:
         """`attn_out [..., heads*D]`, residual `hidden [..., H]` -> the pre-norm output state `[..., H]`."""
@@ -184,13 +194,11 @@ class Eagle3Draft(nnx.Module):
         `(hidden_out [R, H], new_pool)`, equal to `__call__`'s `hidden_out[rows]`; donate `pool` under jit.
         A prefill extend of T tokens over S sequences then costs the fc and K/V projections of T tokens plus
         one layer over S tokens, instead of the layer over T."""
-        cfg, layer = self.config, self.midlayer
         hidden = self.fuse(hidden)
         embeds = jnp.take(embedding, input_ids, axis=0).astype(hidden.dtype)
-        a = jnp.concatenate([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], axis=-1)
-        n, r = a.shape[0], rows.shape[0]
-        k = self.rotary(layer.self_attn.k_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim), meta.positions)
-        v = layer.self_attn.v_proj(a).reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        a = self._attn_input(embeds, hidden)
+        r = rows.shape[0]
+        k, v = self._kv(a, meta.positions)
         pool = write_kv(pool, 0, meta.write_slots, k, v)  # every token's K/V, before anything reads the pool
         # the rows as a step of their own: same sequences, context and positions (their K/V written again,
         # the same values), so each row sees exactly the keys it sees in the full step
@@ -200,9 +208,7 @@ class Eagle3Draft(nnx.Module):
             swa_write_slots=None if meta.swa_write_slots is None else meta.swa_write_slots[rows],
             custom_mask=None if meta.custom_mask is None else meta.custom_mask[rows],
             sample_idx=jnp.arange(meta.num_seqs, dtype=jnp.int32).clip(max=r - 1))
-        q = layer.self_attn.q_proj(a[rows]).reshape(r, cfg.num_heads, cfg.head_dim)
-        q = self.rotary(q, sub.positions)
-        out, pool = get_backend(self.backend)(q, k[rows], v[rows], pool, 0, sub)
+        out, pool = get_backend(self.backend)(self._q(a[rows], sub.positions), k[rows], v[rows], pool, 0, sub)
         return self.finish(out.reshape(r, -1), hidden[rows]), pool
 
     # ---- vocabulary ----------------------------------------------------------------------------------------
