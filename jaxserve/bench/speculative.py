@@ -17,12 +17,13 @@ compilation in the process is counted (`jax.monitoring`'s backend-compile event)
 engines' own compile counters (`Engine.num_compiles`: every program of its stepper); a compilation
 during a timed pass means that pass timed a compile: it is reported (`compiles_during_timing`) and warned
 about on stderr.
-Reported per batch size (one JSON line each, then a table): output tokens/s of both from the median wall
-time of their timed passes (and from the fastest pass, `*_best`), every pass's wall time, the ratio of the
-medians, pooled acc_length (completion tokens / verify rounds, last pass), the histogram of drafts
-accepted per round and the policy's choices (`--policy`, default auto: EAGLE-3 rounds vs plain decode
-steps during the timed passes). Outputs of every pass of both engines are compared token for token (greedy
-speculative decoding is lossless; repeated passes are deterministic).
+Reported per batch size (one JSON line each, then a table): output tokens/s of both from the median wall time
+of their timed passes (and from the fastest pass, `*_best`), every pass's wall time, the ratio of the medians
+(`speedup`) and the median of the per-repeat ratios (`speedup_paired`), pooled acc_length (completion tokens /
+verify rounds, last pass), the histogram of drafts accepted per round and the policy's choices (`--policy`,
+default auto: EAGLE-3 rounds vs plain decode steps during the timed passes). Outputs of every pass of both
+engines are compared token for token (greedy speculative decoding is lossless; repeated passes are
+deterministic).
 """
 
 from __future__ import annotations
@@ -116,6 +117,15 @@ def policy_choices(engine: Engine) -> dict[str, int]:
     return {k: stats[k] for k in ("round_steps", "plain_decode_steps", "drafts_dropped") if k in stats}
 
 
+def paired_speedup(plain_walls: list[float], spec_walls: list[float]) -> float:
+    """The median over repeats of plain wall / EAGLE-3 wall within each repeat. A repeat's two passes run
+    back to back (ABBA), so a change of machine speed between repeats cancels in its ratio; it does not
+    cancel in the ratio of the two medians, which can pair passes minutes apart. On a shared 2-core
+    machine a fixed matmul loop's rate moved by +-35% from one 3 s window to the next, so both are
+    reported."""
+    return statistics.median(p / s for p, s in zip(plain_walls, spec_walls, strict=True))
+
+
 def timed_pass(engine: Engine, batch, params: dict, counter: CompileCounter) -> tuple[float, list[dict], int]:
     """One generate of `batch` from an empty prefix cache: (wall s, outputs, compilations during it)."""
     engine.flush_cache()
@@ -199,7 +209,9 @@ def main(argv=None) -> dict:
                    "eagle3_tokens_per_s_best": round(tokens / best["eagle3"], 1),
                    "plain_walls_s": [round(w, 4) for w in res["plain"]["walls"]],
                    "eagle3_walls_s": [round(w, 4) for w in res["eagle3"]["walls"]],
-                   "speedup": round(med["plain"] / med["eagle3"], 3), "acc_length": round(tokens / rounds, 3),
+                   "speedup": round(med["plain"] / med["eagle3"], 3),
+                   "speedup_paired": round(paired_speedup(res["plain"]["walls"], res["eagle3"]["walls"]), 3),
+                   "acc_length": round(tokens / rounds, 3),
                    "accepted_drafts_histogram": np.bincount(accepted, minlength=args.num_steps + 1).tolist(),
                    "compiles_during_timing": compiles,
                    "policy": args.policy, "policy_choices": res["eagle3"]["choices"],
@@ -211,15 +223,18 @@ def main(argv=None) -> dict:
             results[bs] = row
             print(json.dumps(row), flush=True)
     print(f"\n{'batch':>5} {'plain tok/s':>12} {'(best)':>8} {'eagle3 tok/s':>13} {'(best)':>8} "
-          f"{'speedup':>8} {'acc_len':>8} {'rounds':>7} {'plain':>6} {'dropped':>8}  histogram")
+          f"{'speedup':>8} {'paired':>7} {'acc_len':>8} {'rounds':>7} {'plain':>6} {'dropped':>8}  histogram")
     for bs, r in results.items():
         c = r["policy_choices"]
         print(f"{bs:>5} {r['plain_tokens_per_s']:>12} {r['plain_tokens_per_s_best']:>8} "
               f"{r['eagle3_tokens_per_s']:>13} {r['eagle3_tokens_per_s_best']:>8} {r['speedup']:>8} "
+              f"{r['speedup_paired']:>7} "
               f"{r['acc_length']:>8} {c.get('round_steps', 0):>7} {c.get('plain_decode_steps', 0):>6} "
               f"{c.get('drafts_dropped', 0):>8}  "
               f"{r['accepted_drafts_histogram']}")
     print(f"(tok/s: median of {args.repeats} timed passes per engine, ABBA order; best: fastest pass; "
+          "speedup: ratio of the medians; paired: median of each repeat's own ratio (its two passes ran "
+          "back to back); "
           f"rounds / plain: EAGLE-3 decode steps of each kind over the timed passes, policy {args.policy}; "
           "dropped: requests that gave up their draft once plain steps won; "
           "acc_len counts a plain step as a round that accepted no draft)")

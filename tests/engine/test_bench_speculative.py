@@ -3,12 +3,13 @@ are detected (process-wide XLA compiles and the engines' own counters). Fake eng
 
 from __future__ import annotations
 
+import statistics
 import types
 
 import jax
 import numpy as np
 
-from jaxserve.bench.speculative import CompileCounter, measure
+from jaxserve.bench.speculative import CompileCounter, measure, paired_speedup
 
 
 class FakeEngine:
@@ -80,3 +81,15 @@ def test_measure_flags_nondeterministic_passes() -> None:
     engines["a"].generate = lambda input_ids, sampling_params: [{"output_ids": list(next(calls, (3,)))}]
     res = measure(engines, [[1]], 4, 2, CompileCounter())
     assert not res["a"]["deterministic"]
+
+
+def test_paired_speedup_is_the_median_of_each_repeats_own_ratio() -> None:
+    # the machine slows down 3x over the run; EAGLE-3 is 1.25x faster within every repeat but the last,
+    # whose EAGLE-3 pass caught a fast moment
+    drift = [1.0, 1.4, 2.0, 2.6, 3.0]
+    plain = list(drift)
+    spec = [0.8 * d for d in drift[:4]] + [0.4]
+    assert paired_speedup(plain, spec) == sorted(p / s for p, s in zip(plain, spec, strict=True))[2]
+    assert abs(paired_speedup(plain, spec) - 1.25) < 1e-12
+    assert abs(statistics.median(plain) / statistics.median(spec) - 1.25) > 0.5  # the medians mislead here
+    assert paired_speedup([1.0, 2.0, 3.0], [2.0, 2.0, 2.0]) == 1.0
