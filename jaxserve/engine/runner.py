@@ -224,6 +224,7 @@ class Programs:
             program = self._programs.get(sig)
             if program is None:
                 program = self._programs[sig] = _Program(bucket, jax.tree.map(spec, args))
+                _count_requested()
                 if queued:
                     self._queue.put(program)
                     if self._worker is None:
@@ -302,6 +303,19 @@ class Programs:
 
 
 _ALL_PROGRAMS: weakref.WeakSet[Programs] = weakref.WeakSet()
+_REQUESTED = [0]  # programs requested by every `Programs` of the process (compiled, compiling or queued)
+_REQUESTED_LOCK = threading.Lock()
+
+
+def _count_requested() -> None:
+    with _REQUESTED_LOCK:
+        _REQUESTED[0] += 1
+
+
+def programs_requested() -> int:
+    """Programs requested so far by every `Programs` of the process: O(1), for a step that must know
+    whether it compiled (or queued a compile) without summing its stepper's `num_compiles`."""
+    return _REQUESTED[0]
 
 
 def stop_background_compiles(timeout_s: float | None = None) -> bool:

@@ -20,7 +20,11 @@ a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on
 measures the seconds a decode step takes for each choice and batch-size bucket (`CostMeter`; steps that
 compiled or finished requests are not samples: a finishing request's tree insert costs the same whichever
 choice ran) and the acceptance from the rounds it ran; `choose_draft_steps` picks the choice with the
-most tokens per second. A choice not measured yet, or not tried for `reprobe_after` steps, is tried
+most tokens per second, where an option other than the current one must win by a further
+`switch_margin`: a switch costs what the step costs do not show (the overlap pipeline drains and refills,
+the first step of a run is not a sample), and at a near tie the costs it compares, one of them fresh and
+the other measured minutes earlier on a machine whose speed has moved since, would otherwise flip the
+choice back and forth. A choice not measured yet, or not tried for `reprobe_after` steps, is tried
 (exploration), so a change in acceptance or load is noticed. The stepper backs off a probe that lost: each
 time a re-tried choice is dropped again after its minimum run, its interval doubles (up to
 `MAX_REPROBE_AFTER`), and it goes back to `REPROBE_AFTER` once the choice wins a longer run. A server at a
@@ -38,6 +42,7 @@ POLICIES = ("auto", "always", "never")
 MIN_RUN = 3  # decode steps a choice keeps once chosen (the first of a run is not a steady-state sample)
 REPROBE_AFTER = 64  # decode steps after which an option not tried is tried again (before any back-off)
 MAX_REPROBE_AFTER = 1024
+SWITCH_MARGIN = 0.05  # how much more tokens/s an option needs to replace the current one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +117,8 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
                        disable_batch_size: int | None = None, accept_rate: float | None = None,
                        fresh: bool = False, costs: StepCosts = StepCosts(), min_samples: int = 3,
                        reprobe_after: int = REPROBE_AFTER, min_run: int = MIN_RUN, margin: float = 0.05,
-                       timed_from_batch_size: int = 4, min_small_batch_tokens: float = 1.25) -> int:
+                       switch_margin: float = SWITCH_MARGIN, timed_from_batch_size: int = 4,
+                       min_small_batch_tokens: float = 1.25) -> int:
     """The draft steps for the next decode step of `batch_size` requests, one of `options` (which holds 0
     and the configured num_steps, maybe more).
 
@@ -127,8 +133,9 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
     than `min_samples` measurements, or not tried for its `costs.reprobe_after` steps (default
     `reprobe_after`), is tried (largest first);
     else the option with the most expected tokens per second, where a speculative option must beat plain
-    decoding by `margin` (so noise does not flip a tie towards the costlier path). `accept_rate` None
-    (no round measured yet) counts as 0."""
+    decoding by `margin` (so noise does not flip a tie towards the costlier path) and an option other
+    than `costs.last` must beat it by a further `switch_margin` (a switch has costs of its own). `accept_rate`
+    None (no round measured yet) counts as 0."""
     if policy not in POLICIES:
         raise ValueError(f"speculative policy {policy!r}; choose one of {POLICIES}")
     if 0 not in options:
@@ -150,15 +157,21 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
         interval = costs.reprobe_after.get(k, reprobe_after)
         if costs.samples.get(k, 0) < min_samples or costs.since_tried.get(k, interval) >= interval:
             return k
-    return _fastest(options, accept_rate, costs, margin)
+    return _fastest(options, accept_rate, costs, margin, switch_margin)
 
 
-def _fastest(options: Sequence[int], accept_rate: float | None, costs: StepCosts, margin: float) -> int:
-    """The measured option with the most expected tokens per second, speculation handicapped by `margin`."""
+def _fastest(options: Sequence[int], accept_rate: float | None, costs: StepCosts, margin: float,
+             switch_margin: float) -> int:
+    """The measured option with the most expected tokens per second, speculation handicapped by `margin`
+    and every option but the current one (`costs.last`, when it is an option) by `switch_margin`; ties go
+    to the fewest draft steps."""
     rate = accept_rate or 0.0
+    current = costs.last if costs.last in options else None
 
     def tokens_per_s(k: int) -> float:
         gain = 1.0 if k == 0 else 1.0 / (1.0 + margin)
+        if current is not None and k != current:
+            gain /= 1.0 + switch_margin
         return gain * expected_tokens(k, rate) / costs.seconds[k]
 
     return max(sorted(options), key=tokens_per_s)
@@ -166,7 +179,8 @@ def _fastest(options: Sequence[int], accept_rate: float | None, costs: StepCosts
 
 def settled_on_plain(batch_size: int, *, options: Sequence[int], policy: str = "auto",
                      accept_rate: float | None = None, costs: StepCosts = StepCosts(), min_samples: int = 3,
-                     margin: float = 0.05, timed_from_batch_size: int = 4) -> bool:
+                     margin: float = 0.05, switch_margin: float = SWITCH_MARGIN,
+                     timed_from_batch_size: int = 4) -> bool:
     """Whether `policy="auto"` has measured, at this batch size, that plain decoding beats every round: every
     option has `min_samples` measurements and plain decoding has the most expected tokens per second (the
     choice `choose_draft_steps` makes when it is not exploring). The stepper then drops the draft of the
@@ -177,4 +191,4 @@ def settled_on_plain(batch_size: int, *, options: Sequence[int], policy: str = "
         return False
     if any(costs.samples.get(k, 0) < min_samples for k in options):
         return False
-    return _fastest(options, accept_rate, costs, margin) == 0
+    return _fastest(options, accept_rate, costs, margin, switch_margin) == 0

@@ -91,7 +91,7 @@ from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.row_pool import RowPool
-from jaxserve.engine.runner import Bucket, ModelRunner, Programs, largest_first
+from jaxserve.engine.runner import Bucket, ModelRunner, Programs, largest_first, programs_requested
 from jaxserve.engine.step_input import (
     Buckets,
     ScheduledSeq,
@@ -533,7 +533,7 @@ class EagleStepper:
         costs = self.measured(len(reqs))
         choice, chosen = self._choose(reqs, costs.view())
         steady = self._prev_decode == (bucket, choice)
-        compiles = sum(self.num_compiles.values())
+        compiles = programs_requested()
         t0 = time.perf_counter()
         finished = []
         if choice and self.lag.lagging(reqs):  # back to rounds: the draft catches up first (all tokens known)
@@ -545,7 +545,7 @@ class EagleStepper:
         seconds = time.perf_counter() - t0
         # a step that finished requests also did their bookkeeping (prefix-tree inserts, catch-ups): the
         # same work whichever the choice, and it would skew the per-step costs the policy compares
-        sample = steady and not finished and sum(self.num_compiles.values()) == compiles
+        sample = steady and not finished and programs_requested() == compiles
         costs.record(choice, seconds if sample else None, chosen=chosen)
         self._prev_decode = (bucket, choice)
         self.stats["round_steps" if choice else "plain_decode_steps"] += 1

@@ -119,3 +119,14 @@ def test_donations_carry_over_and_a_donated_fixed_argument_is_refused() -> None:
     bad = runner.Programs(write, "toy", fixed=(1,))
     with pytest.raises(ValueError, match="must not be donated"):
         bad.call((4,), (params, jnp.zeros((2, 4), jnp.float32), x), _no_repad)
+
+
+def test_programs_requested_counts_new_executables_only() -> None:
+    programs = _toy()
+    start = runner.programs_requested()
+    programs.call((4,), (_params(4, 0), np.ones(4, np.float32)), _no_repad)
+    assert runner.programs_requested() == start + 1
+    programs.call((4,), (_params(4, 1), np.zeros(4, np.float32)), _no_repad)  # same signature
+    assert runner.programs_requested() == start + 1
+    programs.call((8,), (_params(8, 2), np.ones(8, np.float32)), _no_repad)
+    assert runner.programs_requested() == start + 2

@@ -3,6 +3,8 @@ brute-force model (simulated rounds for the expected tokens, an explicit argmax 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,9 +22,12 @@ from jaxserve.speculative.policy import (
 )
 
 
-def _tokens_per_s(k: int, rate: float, seconds: dict[int, float], margin: float) -> float:
-    """Brute force: option k's expected tokens per second, speculation handicapped by the margin."""
-    return sum(rate ** i for i in range(k + 1)) / seconds[k] / (1.0 if k == 0 else 1.0 + margin)
+def _tokens_per_s(k: int, rate: float, seconds: dict[int, float], margin: float, last: int | None = None,
+                  switch_margin: float = 0.0) -> float:
+    """Brute force: option k's expected tokens per second, speculation handicapped by the margin and a
+    switch away from `last` by the switch margin."""
+    switch = 1.0 if last is None or k == last else 1.0 + switch_margin
+    return sum(rate ** i for i in range(k + 1)) / seconds[k] / (1.0 if k == 0 else 1.0 + margin) / switch
 
 
 def _measured(seconds: dict[int, float], samples: int = 5) -> StepCosts:
@@ -88,6 +93,43 @@ def test_auto_picks_the_most_tokens_per_second(rate, t0, t2, t3, margin):
 
     best = max(score(k) for k in seconds)
     assert score(got) == pytest.approx(best, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rate=st.floats(0.0, 1.0), t0=st.floats(1e-4, 1.0), t2=st.floats(1e-4, 1.0), t3=st.floats(1e-4, 1.0),
+       margin=st.floats(0.0, 0.5), switch_margin=st.floats(0.0, 0.5), last=st.sampled_from([0, 2, 3]))
+def test_auto_switches_only_for_more_than_the_switch_margin(rate, t0, t2, t3, margin, switch_margin, last):
+    seconds = {0: t0, 2: t2, 3: t3}
+    costs = dataclasses.replace(_measured(seconds), last=last, run_length=MIN_RUN)
+    got = choose_draft_steps(16, options=(0, 2, 3), accept_rate=rate, costs=costs, margin=margin,
+                             switch_margin=switch_margin)
+
+    def score(k):
+        return _tokens_per_s(k, rate, seconds, margin, last, switch_margin)
+
+    assert score(got) == pytest.approx(max(score(k) for k in seconds), rel=1e-9)
+    if got != last:  # it left the current choice: the new one wins even after the switch margin
+        assert score(got) > score(last) * (1 - 1e-9)
+    assert settled_on_plain(16, options=(0, 2, 3), accept_rate=rate, costs=costs, margin=margin,
+                            switch_margin=switch_margin) == (got == 0)
+
+
+def test_a_near_tie_keeps_the_current_choice_both_ways():
+    # rounds of 2 drafts at acceptance 0.75 emit 2.3125 tokens; at 13.4 ms a round is a tie with plain
+    # steps of ~5.5-6.1 ms once the 5% speculation margin is counted
+    for plain_s in (0.0058, 0.0061):
+        seconds = {0: plain_s, 2: 0.0134}
+        on_plain = dataclasses.replace(_measured(seconds), last=0, run_length=MIN_RUN)
+        on_rounds = dataclasses.replace(_measured(seconds), last=2, run_length=MIN_RUN)
+        assert choose_draft_steps(32, options=(0, 2), accept_rate=0.75, costs=on_plain) == 0
+        assert choose_draft_steps(32, options=(0, 2), accept_rate=0.75, costs=on_rounds) == 2
+        assert settled_on_plain(32, options=(0, 2), accept_rate=0.75, costs=on_plain)
+        assert not settled_on_plain(32, options=(0, 2), accept_rate=0.75, costs=on_rounds)
+    # a clear win switches either way
+    fast_rounds = dataclasses.replace(_measured({0: 0.0075, 2: 0.0134}), last=0, run_length=MIN_RUN)
+    assert choose_draft_steps(32, options=(0, 2), accept_rate=0.75, costs=fast_rounds) == 2
+    slow_rounds = dataclasses.replace(_measured({0: 0.005, 2: 0.0134}), last=2, run_length=MIN_RUN)
+    assert choose_draft_steps(32, options=(0, 2), accept_rate=0.75, costs=slow_rounds) == 0
 
 
 def test_auto_without_acceptance_prefers_plain():
