@@ -558,8 +558,12 @@ class EagleStepper:
         decoding now drop their drafts (`DraftLag.detach`), new ones as they join: they save the deferred
         draft extends, and give up rounds for the rest of their decode (a retracted one gets its draft
         back with its recompute)."""
+        detached = self.lag.detached
+        num_detached = sum(r in detached for r in reqs)
+        if num_detached == len(reqs):  # settled already: nothing to choose, nothing left to drop
+            return 0, False
         rate, fresh = self.batch_acceptance(reqs)
-        forced = any(r in self.lag.detached for r in reqs)
+        forced = num_detached > 0
         choice = 0 if forced else choose_draft_steps(
             len(reqs), options=self.options, policy=self.policy, disable_batch_size=self.disable_batch_size,
             accept_rate=rate, fresh=fresh, costs=costs)
