@@ -108,45 +108,58 @@ def build_attention_metadata(
     """
     if not steps:
         raise ValueError("build_attention_metadata needs at least one sequence")
-    num_real = sum(s.num_new_tokens for s in steps)
+    ps = page_size
+    new = np.fromiter((s.num_new_tokens for s in steps), np.int64, len(steps))
+    kv_len = np.fromiter((s.kv_len for s in steps), np.int64, len(steps))
+    bad = np.flatnonzero((new <= 0) | (new > kv_len))
+    if bad.size:
+        s = int(bad[0])
+        raise ValueError(f"sequence {s}: num_new_tokens={new[s]} must be in [1, kv_len={kv_len[s]}]")
+    num_real = int(new.sum())
     num_tokens = pick_bucket(num_real, token_buckets, "num_tokens")
     num_seqs = pick_bucket(len(steps), seq_buckets, "num_seqs")
-    pages_needed = max(-(-s.kv_len // page_size) for s in steps)
-    max_pages = pick_bucket(pages_needed, page_buckets, "pages_per_sequence")
+    pages_needed = -(-kv_len // ps)
+    max_pages = pick_bucket(int(pages_needed.max()), page_buckets, "pages_per_sequence")
 
+    # every sequence's pages scattered into its page-table row at once (columns past max_pages dropped)
+    page_table = _page_rows([s.page_ids for s in steps], np.zeros(len(steps), np.int64), num_seqs, max_pages,
+                            pages_needed, "pages", ps, kv_len)
+    # the new tokens: sequence by sequence, each at key indices [kv_len - new, kv_len)
+    seq_of = np.repeat(np.arange(len(steps)), new)
+    ends = np.cumsum(new)
+    key_idx = kv_len[seq_of] - ends[seq_of] + np.arange(num_real)
+    page_of, offset = key_idx // ps, key_idx % ps
     positions = np.zeros(num_tokens, np.int32)
+    if any(s.positions is not None for s in steps):
+        positions[:num_real] = np.concatenate([
+            np.arange(k - n, k) if s.positions is None else np.asarray(s.positions, np.int64).reshape(n)
+            for s, n, k in zip(steps, new.tolist(), kv_len.tolist(), strict=True)])
+    else:
+        positions[:num_real] = key_idx
     seq_ids = np.zeros(num_tokens, np.int32)
+    seq_ids[:num_real] = seq_of
     write_slots = np.zeros(num_tokens, np.int32)
-    swa_write_slots = np.zeros(num_tokens, np.int32)
-    page_table = np.zeros((num_seqs, max_pages), np.int32)
-    swa_page_table = np.zeros((num_seqs, max_pages), np.int32)
+    write_slots[:num_real] = page_table[seq_of, page_of].astype(np.int64) * ps + offset
     kv_lens = np.zeros(num_seqs, np.int32)
+    kv_lens[: len(steps)] = kv_len
     sample_idx = np.zeros(num_seqs, np.int32)
+    sample_idx[: len(steps)] = ends - 1
 
-    t = 0
-    for s, step in enumerate(steps):
-        n, kv_len = step.num_new_tokens, step.kv_len
-        if not 0 < n <= kv_len:
-            raise ValueError(f"sequence {s}: num_new_tokens={n} must be in [1, kv_len={kv_len}]")
-        pages = np.asarray(step.page_ids, np.int32)
-        if pages.size * page_size < kv_len:
-            raise ValueError(f"sequence {s}: {pages.size} pages of {page_size} cannot hold kv_len={kv_len}")
-        key_idx = np.arange(kv_len - n, kv_len)
-        page_table[s, : pages.size] = pages[:max_pages]
-        write_slots[t: t + n] = pages[key_idx // page_size] * page_size + key_idx % page_size
-        if with_swa:
-            if step.swa_page_ids is None:
-                raise ValueError(f"sequence {s}: swa_page_ids is required for a model with an swa group")
-            swa_pages, lo = np.asarray(step.swa_page_ids, np.int32), step.swa_first_page
-            if lo > (kv_len - n) // page_size:
-                raise ValueError(f"sequence {s}: swa_first_page={lo} is past the first new token's page")
-            swa_page_table[s, lo: lo + swa_pages.size] = swa_pages[: max(max_pages - lo, 0)]
-            swa_write_slots[t: t + n] = swa_pages[key_idx // page_size - lo] * page_size + key_idx % page_size
-        positions[t: t + n] = key_idx if step.positions is None else np.asarray(step.positions)
-        seq_ids[t: t + n] = s
-        kv_lens[s] = kv_len
-        sample_idx[s] = t + n - 1
-        t += n
+    swa_page_table = swa_write_slots = None
+    if with_swa:
+        missing = [i for i, s in enumerate(steps) if s.swa_page_ids is None]
+        if missing:
+            raise ValueError(f"sequence {missing[0]}: swa_page_ids is required for a model with an swa group")
+        lo = np.fromiter((s.swa_first_page for s in steps), np.int64, len(steps))
+        late = np.flatnonzero(lo > (kv_len - new) // ps)
+        if late.size:
+            s = int(late[0])
+            raise ValueError(f"sequence {s}: swa_first_page={lo[s]} is past the first new token's page")
+        # the swa pages cover page indices [lo, pages_needed): the window's pages, mapped from lo on
+        swa_page_table = _page_rows([s.swa_page_ids for s in steps], lo, num_seqs, max_pages, pages_needed,
+                                    "swa pages", ps, kv_len)
+        swa_write_slots = np.zeros(num_tokens, np.int32)
+        swa_write_slots[:num_real] = swa_page_table[seq_of, page_of].astype(np.int64) * ps + offset
 
     mask = None
     if custom_mask is not None:
@@ -158,7 +171,24 @@ def build_attention_metadata(
         mask[:num_real, : custom_mask.shape[1]] = custom_mask
     return AttentionMetadata(
         positions=positions, seq_ids=seq_ids, write_slots=write_slots, page_table=page_table,
-        kv_lens=kv_lens, sample_idx=sample_idx,
-        swa_write_slots=swa_write_slots if with_swa else None,
-        swa_page_table=swa_page_table if with_swa else None,
-        custom_mask=mask, page_size=page_size)
+        kv_lens=kv_lens, sample_idx=sample_idx, swa_write_slots=swa_write_slots,
+        swa_page_table=swa_page_table, custom_mask=mask, page_size=page_size)
+
+
+def _page_rows(page_ids: Sequence[Sequence[int]], first: np.ndarray, num_seqs: int, max_pages: int,
+               pages_needed: np.ndarray, what: str, page_size: int, kv_len: np.ndarray) -> np.ndarray:
+    """i32[num_seqs, max_pages]: row s holds `page_ids[s]` from column `first[s]` on (columns past
+    max_pages dropped), zeros elsewhere. ValueError when a sequence's pages stop short of its `kv_len`
+    (`pages_needed[s]` pages from index 0). One slice copy per sequence: with one-token pages a row is a
+    context's worth of ids, which a copy moves far faster than a scatter of every id would."""
+    counts = np.fromiter((len(p) for p in page_ids), np.int64, len(page_ids))
+    short = np.flatnonzero(first + counts < pages_needed)
+    if short.size:
+        s = int(short[0])
+        raise ValueError(f"sequence {s}: {counts[s]} {what} of {page_size} from page {first[s]} cannot hold "
+                         f"kv_len={kv_len[s]}")
+    table = np.zeros((num_seqs, max_pages), np.int32)
+    for row, (pages, lo) in enumerate(zip(page_ids, first.tolist(), strict=True)):
+        if lo < max_pages:
+            table[row, lo: lo + len(pages)] = pages[: max_pages - lo]
+    return table

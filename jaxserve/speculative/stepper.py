@@ -592,7 +592,7 @@ class EagleStepper:
                     if r.status is Status.RUNNING and r in self.rows and not r.last_token_in_flight]
 
         defer = not self.recording  # diagnostics record the draft's top-1 of every extend as it runs
-        if defer and self.lag.ring_full([r for r in reqs if r in self.rows]):
+        if defer and self.lag.ring_full(reqs):  # (only requests whose draft lags, so holding a row, count)
             # a ring column still needed would be overwritten: catch up over the positions whose next token
             # the host has (all but the one the step in flight feeds)
             self._catch_up(self.lag.lagging([r for r in reqs if r.status is Status.RUNNING
@@ -634,22 +634,19 @@ class EagleStepper:
                 accepted, reached = accepted + mine[0], reached + mine[1]
         return (accepted / reached if reached else self.accept_rate), fresh
 
-    def _round_end(self, req: Request, prev: _Round | None, num_tokens: int) -> int:
-        """Slots a request needs for this step: `num_tokens` past `num_computed`, and past the furthest start
-        the round in flight can give it (`num_computed + S + 1`) when it is in it."""
-        extra = self.planner.advance if prev is not None and req in prev.members else 0
-        return req.num_computed + extra + num_tokens
-
     def _make_room(self, reqs: list[Request], prev: _Round | None = None, *, retract: bool = True,
                    num_tokens: int | None = None) -> list[Request] | None:
         """Free slots for every request's step (`num_tokens` each, default a round's verify span or tree
         scratch), evicting tree nodes and then (`retract`) retracting the newest running requests. Returns
         the requests still decoding; None when eviction alone is not enough and `retract` is False."""
-        kv = self.kv
+        kv, ps = self.kv, self.kv.page_size
         num_tokens = self.num_reserve if num_tokens is None else num_tokens
+        # a request needs slots up to `num_tokens` past num_computed, and past the furthest start the round
+        # in flight can give it (num_computed + S + 1) when it is in it; in whole pages
+        members, advance = (prev.members, self.planner.advance) if prev is not None else ((), 0)
         while reqs:
-            need = sum(max(0, kv.pages_for(self._round_end(r, prev, num_tokens))
-                           - kv.pages_for(len(r.cached.kv_slots))) for r in reqs) * kv.page_size
+            need = sum(max(0, (r.num_computed + num_tokens + (advance if r in members else 0) + ps - 1) // ps
+                           - (len(r.cached.kv_slots) + ps - 1) // ps) for r in reqs) * ps
             if kv.reserve(need):
                 return reqs
             if not retract:
