@@ -95,7 +95,7 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
     still pending (sampled by the step in flight) is taken on device from that step's row `prev_rows[req]`.
     Rows of sequences that do not sample get greedy padding params.
     `masks=False`: no grammar masks (the caller fills them later, see `engine.split_step`)."""
-    steps, tokens, rows, from_prev = [], [], [], []
+    steps, rows, known_spans, from_prev = [], [], [], []
     stops = [seq.start + seq.num_tokens for seq in seqs]
     # one allocator call per step; the SWA group is mapped only where the window reaches
     swa_from = [kv.window_start(seq.start) for seq in seqs] if kv.hybrid else None
@@ -108,14 +108,15 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
         else:
             steps.append(SequenceStep(seq.num_tokens, stop, fulls[i], swas[i],
                                       swa_first_page=kv.swa_first_page(swa_from[i])))
-        known = req.fill_ids()[seq.start:stop]
-        if known.shape[0] < seq.num_tokens:  # the last token is pending: one at most
-            if prev_rows is None or req not in prev_rows or known.shape[0] + 1 != seq.num_tokens:
-                missing = seq.num_tokens - known.shape[0]
+        # the tokens on the host are the prompt and the outputs read so far (not the pending ones)
+        num_known = max(0, min(stop, req.fill_len - req.num_pending) - seq.start)
+        if num_known < seq.num_tokens:  # the last token is pending: one at most, read on device
+            if prev_rows is None or req not in prev_rows or num_known + 1 != seq.num_tokens:
+                missing = seq.num_tokens - num_known
                 raise ValueError(f"request {req.rid}: {missing} tokens to feed are not known on the host")
             from_prev.append((t + seq.num_tokens - 1, prev_rows[req]))
-            known = np.append(known, np.int32(0))
-        tokens.append(known)
+        if num_known:
+            known_spans.append((t, req, seq.start, num_known))
         t += seq.num_tokens
         if seq.samples:
             num_generated = len(req.output_ids) + req.num_pending - 1  # this step's sample is pending already
@@ -126,11 +127,11 @@ def build_step_input(seqs: Sequence[ScheduledSeq], kv: KVCache, buckets: Buckets
                                     token_buckets=buckets.tokens, seq_buckets=buckets.seqs,
                                     page_buckets=buckets.pages)
     input_ids = np.zeros(meta.num_tokens, np.int32)
-    flat = np.concatenate(tokens)
-    input_ids[: flat.shape[0]] = flat
+    for t, req, start, num_known in known_spans:  # (a decode whose token is pending has none)
+        input_ids[t: t + num_known] = req.fill_ids()[start: start + num_known]
     prev = np.full(meta.num_tokens, -1, np.int32)
-    for token, row in from_prev:
-        prev[token] = row
+    if from_prev:
+        prev[[token for token, _ in from_prev]] = [row for _, row in from_prev]
     # rows of requests with a grammar carry its mask (their last token is on the host: see Engine.step)
     bitmask = fill_bitmask([seq.req.grammar if seq.samples else None for seq in seqs], meta.num_seqs) \
         if masks else None
