@@ -1,6 +1,10 @@
 """Test-wide settings.
 
 - JAX's persistent compilation cache lives in the clone (git-ignored .jax_cache/).
+- After each test module, the step programs no live engine holds are released
+  (`program_cache.release_unused_programs`): on CPU each compiled program keeps hundreds of memory mappings,
+  and a worker that kept every module's programs reached the kernel's limit (vm.max_map_count, 65530) and
+  crashed with a segmentation fault inside XLA.
 - XLA's optimisation passes are off (`JAX_DISABLE_MOST_OPTIMIZATIONS`, inherited by the servers and
   children the tests start): the suite compiles some four thousand programs for tiny models, and at these
   sizes the passes cost far more compile time than they save at run time (one run of the spec-tree and
@@ -21,6 +25,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_programs_after_each_module():
+    """Set up first in every module, so torn down after the module's own fixtures (and their engines)."""
+    yield
+    from jaxserve.engine.program_cache import release_unused_programs
+
+    release_unused_programs()
 
 
 @pytest.fixture(autouse=True)

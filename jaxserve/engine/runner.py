@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from jaxserve.engine import multihost, split_step
 from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.program_cache import MappingLimitError, check_mapping_headroom, program_factory
 from jaxserve.engine.step_input import (
     Buckets,
     StepInput,
@@ -233,10 +234,14 @@ class Programs:
     def _compile(self, program: _Program) -> None:
         try:
             with _COMPILE_LOCK:
+                check_mapping_headroom()  # on CPU, past the process's mapping limit XLA segfaults
                 program.compiled = self.fn.lower(*program.specs).compile()
             program.state = "ready"
         except Exception as exc:  # re-raised by the call that needs this program (`_compiled_now`)
             program.error, program.state = exc, "failed"
+            if isinstance(exc, MappingLimitError):  # it may pass once programs are released: retry then
+                with self._lock:
+                    self._programs = {s: p for s, p in self._programs.items() if p is not program}
         program.done.set()
 
     def _work(self) -> None:
@@ -303,7 +308,7 @@ def largest_first(plan: list[tuple[Programs, Bucket, tuple]]) -> list[tuple[Prog
     return [(p, b, jax.tree.map(spec, a)) for p, b, a in (plan[i] for i in [*first, *rest])]
 
 
-@functools.lru_cache(maxsize=8)
+@program_factory(maxsize=8)
 def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False) -> Programs:
     """The step programs for one model graph; cached so that engines over the same model share executables.
     `prev_tokens` i32[max_seqs] are the previous step's sampled ids (padded), the source of pending tokens;
@@ -331,7 +336,7 @@ def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False) -> Progra
     return Programs(step, "prompt_step" if prompt_logprobs else "step", fixed=(0,))
 
 
-@functools.lru_cache(maxsize=8)
+@program_factory(maxsize=8)
 def _make_split(graphdef, max_seqs: int) -> tuple[Programs, Programs]:
     """The (forward, sample) programs of `engine.split_step` for one model graph (cached as `_make_step`)."""
     forward, sample_step = split_step.split_fns(graphdef, max_seqs)

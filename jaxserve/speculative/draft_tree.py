@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxserve.engine.program_cache import program_factory
 from jaxserve.engine.runner import Programs
 from jaxserve.engine.step_input import pad_meta, pad_sampling, pad_to
 from jaxserve.memory.kv_pool import move_kv
@@ -146,7 +147,7 @@ def _prefix_lens(meta, num_nodes: int):
     return jnp.maximum(meta.kv_lens - num_nodes, 0)
 
 
-@functools.lru_cache(maxsize=16)
+@program_factory(maxsize=16)
 def make_tree_programs(tgraph, dgraph, num_steps: int, topk: int, num_nodes: int,
                        record: bool) -> tuple[Programs, Programs, Programs]:
     """The tree round's programs for one (target, draft) graph pair: `tree_round` (arguments and results as

@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 
 from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.program_cache import program_factory
 from jaxserve.engine.request import Request
 from jaxserve.engine.runner import Bucket, Programs
 from jaxserve.engine.step_input import StepInput, pad_meta, pad_step_input, pad_to
@@ -95,7 +96,7 @@ class DraftLag:
         self.detached.pop(req, None)
 
 
-@functools.lru_cache(maxsize=16)
+@program_factory(maxsize=16)
 def make_lazy_programs(tgraph, dgraph, topk: int, max_seqs: int, ring: int) -> tuple[Programs, Programs]:
     """(`plain_capture`, `catch_up`) for one (target, draft) graph pair.
 

@@ -89,6 +89,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxserve.engine import host_read
 from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.program_cache import program_factory
 from jaxserve.engine.request import Request, Status
 from jaxserve.engine.row_pool import RowPool
 from jaxserve.engine.runner import Bucket, ModelRunner, Programs, largest_first, programs_requested
@@ -130,7 +131,7 @@ from jaxserve.speculative.shift import continue_round
 AUX_RING = 16
 
 
-@functools.lru_cache(maxsize=16)
+@program_factory(maxsize=16)
 def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_seqs: int, record: bool):
     """The jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and draft
     extend store the draft's `topk` best next tokens with their log-probabilities): the prefill program,

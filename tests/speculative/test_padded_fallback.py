@@ -15,9 +15,9 @@ import pytest
 
 from jaxserve.api import Engine
 from jaxserve.engine import runner
+from jaxserve.engine.program_cache import release_unused_programs
 from jaxserve.engine.runner import Programs
 from jaxserve.engine.step_input import Buckets
-from jaxserve.speculative import stepper as spec_stepper
 from tests.speculative import spec_pairs as sp
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
@@ -36,13 +36,11 @@ def held_back(monkeypatch):
 
     monkeypatch.setattr(Programs, "_compile", held)
     runner.enable_background_compiles()
-    runner._make_step.cache_clear()
-    spec_stepper._make_fns.cache_clear()
+    release_unused_programs()
     yield gate
     gate.set()
     runner.enable_background_compiles(False)
-    runner._make_step.cache_clear()
-    spec_stepper._make_fns.cache_clear()
+    release_unused_programs()
 
 
 def _programs(engine) -> list[Programs]:
