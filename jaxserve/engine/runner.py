@@ -223,7 +223,13 @@ class Programs:
 
     def _compiled_now(self, program: _Program) -> Any:
         """The program's executable: compiled on this thread unless the background thread has started it
-        (then waited for). Raises what its compile raised."""
+        (then waited for). Raises what its compile raised. A compile refused for lack of memory mappings is
+        tried again here (other programs may have been released since); a step that can run padded does
+        not come here, so a refused background compile is not retried at every step."""
+        with self._lock:
+            if program.state == "failed" and isinstance(program.error, MappingLimitError):
+                program.state, program.error = "queued", None
+                program.done.clear()
         if self._claim(program):
             self._compile(program)
         program.done.wait()
@@ -239,9 +245,6 @@ class Programs:
             program.state = "ready"
         except Exception as exc:  # re-raised by the call that needs this program (`_compiled_now`)
             program.error, program.state = exc, "failed"
-            if isinstance(exc, MappingLimitError):  # it may pass once programs are released: retry then
-                with self._lock:
-                    self._programs = {s: p for s, p in self._programs.items() if p is not program}
         program.done.set()
 
     def _work(self) -> None:

@@ -146,3 +146,40 @@ def test_an_eagle_engine_gives_back_its_programs_mappings_once_released() -> Non
     assert held - _mappings() < 0.2 * (held - before)  # the factories' caches still hold the programs
     release_unused_programs()
     assert held - _mappings() >= 0.8 * (held - before)
+
+
+def test_a_refused_background_compile_leaves_steps_running_padded_without_requeueing(monkeypatch) -> None:
+    """With background compiles on, a step whose exact program is refused (no mappings left) runs padded to
+    a compiled larger bucket, every time, without queueing its program again at each call; a call with
+    nothing to fall back on tries the refused program again and succeeds once there is room."""
+
+    @jax.jit
+    def fn(x):
+        return jnp.tanh(x) * 2.0 + 1.0
+
+    def repad(args, bucket):
+        (x,) = args
+        return (np.pad(x, (0, bucket[0] - x.shape[0])),)
+
+    programs = runner.Programs(fn, "toy_padded")
+    big, small = np.linspace(-1, 1, 32, dtype=np.float32), np.linspace(-2, 2, 8, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(programs.call((32,), (big,), repad)), np.tanh(big) * 2 + 1,
+                               rtol=1e-5, atol=1e-6)
+    runner.enable_background_compiles()
+    try:
+        monkeypatch.setattr(program_cache, "MIN_FREE_MAPPINGS", 1 << 40)  # every compile is refused
+        for _ in range(3):
+            out = np.asarray(programs.call((8,), (small,), repad))
+            np.testing.assert_allclose(out[:8], np.tanh(small) * 2 + 1, rtol=1e-5, atol=1e-6)
+            assert programs.prepare((8,), (small,)).wait(60.0)  # its (one) background compile has ended
+        assert programs.num_padded == 3
+        assert programs.num_compiles == 2  # the small program was queued once, not at every call
+        runner.enable_background_compiles(False)
+        with pytest.raises(MappingLimitError):  # no fallback now: compiled on this thread, refused again
+            programs.call((8,), (small,), repad)
+        monkeypatch.setattr(program_cache, "MIN_FREE_MAPPINGS", 0)
+        np.testing.assert_allclose(np.asarray(programs.call((8,), (small,), repad)), np.tanh(small) * 2 + 1,
+                                   rtol=1e-5, atol=1e-6)
+        assert programs.num_compiles == 2
+    finally:
+        runner.enable_background_compiles(False)
