@@ -4,9 +4,12 @@ wrong executable when the object is replaced."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxserve.engine import runner
 
@@ -62,6 +65,60 @@ def test_a_replaced_fixed_argument_gets_its_own_signature() -> None:
     assert programs.num_compiles == 2
     np.testing.assert_allclose(programs.call((4,), (small, x4), _no_repad), _reference(small, x4), rtol=1e-5)
     assert programs.num_compiles == 2
+
+
+@jax.tree_util.register_pytree_node_class
+class _CountingParams:
+    """A params pytree that counts how often it is flattened (as an `nnx.State` would run Python code)."""
+
+    flattens = 0
+
+    def __init__(self, w, b) -> None:
+        self.w, self.b = w, b
+
+    def tree_flatten(self):
+        type(self).flattens += 1
+        return (self.w, self.b), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def test_executables_take_fixed_arguments_as_leaves_walked_once() -> None:
+    @jax.jit
+    def fn(params, x):
+        return params.w @ x + params.b
+
+    programs = runner.Programs(fn, "toy", fixed=(0,))
+    raw = _params(4, 3)
+    params = _CountingParams(raw["w"], raw["b"])
+    programs.call((4,), (params, np.ones(4, np.float32)), _no_repad)  # walks and compiles
+    before = _CountingParams.flattens
+    for seed in range(6):
+        x = np.random.default_rng(seed).normal(size=4).astype(np.float32)
+        np.testing.assert_allclose(programs.call((4,), (params, x), _no_repad), _reference(raw, x),
+                                   rtol=1e-5, atol=1e-5)
+    assert _CountingParams.flattens == before  # neither the signature nor the dispatch flattened it again
+
+
+def test_donations_carry_over_and_a_donated_fixed_argument_is_refused() -> None:
+    @functools.partial(jax.jit, donate_argnames=("pool",))
+    def write(params, pool, x):
+        return pool.at[0].set(params["w"] @ x + params["b"])
+
+    programs = runner.Programs(write, "toy", fixed=(0,))
+    params = _params(4, 4)
+    pool = jnp.zeros((2, 4), jnp.float32)
+    x = np.arange(4, dtype=np.float32)
+    out = programs.call((4,), (params, pool, x), _no_repad)
+    assert pool.is_deleted()  # donated through the wrapper
+    np.testing.assert_allclose(np.asarray(out)[0], _reference(params, x), rtol=1e-5)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(params))
+
+    bad = runner.Programs(write, "toy", fixed=(1,))
+    with pytest.raises(ValueError, match="must not be donated"):
+        bad.call((4,), (params, jnp.zeros((2, 4), jnp.float32), x), _no_repad)
 
 
 def test_programs_requested_counts_new_executables_only() -> None:
