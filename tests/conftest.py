@@ -2,9 +2,11 @@
 
 - JAX's persistent compilation cache lives in the clone (git-ignored .jax_cache/).
 - After each test module, the step programs no live engine holds are released
-  (`program_cache.release_unused_programs`): on CPU each compiled program keeps hundreds of memory mappings,
-  and a worker that kept every module's programs reached the kernel's limit (vm.max_map_count, 65530) and
-  crashed with a segmentation fault inside XLA.
+  (`program_cache.release_unused_programs`), and JAX's own caches too once the worker holds over a quarter
+  of its memory mappings: on CPU each compiled program keeps hundreds of mappings, and a worker that kept
+  every module's programs reached the kernel's limit (vm.max_map_count, 65530) and crashed with a
+  segmentation fault inside XLA. (One clean run with releases: at most 41k mappings in a worker before a
+  release, 22k after.)
 - XLA's optimisation passes are off (`JAX_DISABLE_MOST_OPTIMIZATIONS`, inherited by the servers and
   children the tests start): the suite compiles some four thousand programs for tiny models, and at these
   sizes the passes cost far more compile time than they save at run time (one run of the spec-tree and
@@ -13,6 +15,7 @@
   pools updated in place, no pool copy) are marked `xla_optimized` and compile as production does.
 """
 
+import gc
 import os
 from pathlib import Path
 
@@ -31,9 +34,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def _release_programs_after_each_module():
     """Set up first in every module, so torn down after the module's own fixtures (and their engines)."""
     yield
-    from jaxserve.engine.program_cache import release_unused_programs
+    import jax
+
+    from jaxserve.engine.program_cache import memory_mappings, release_unused_programs
 
     release_unused_programs()
+    counts = memory_mappings()
+    if counts is not None and counts[0] > counts[1] // 4:  # the rest: functions jitted outside the factories
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
