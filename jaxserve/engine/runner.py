@@ -249,10 +249,16 @@ class Programs:
                 return program.compiled, padded
         return None
 
-    def _claim(self, program: _Program) -> bool:
+    def _claim(self, program: _Program, *, retry_refused: bool = False) -> bool:
+        """Mark a queued program (or, `retry_refused`, one refused for lack of memory mappings) as being
+        compiled by the caller; False when another thread has it or it has ended."""
         with self._lock:
-            if program.state != "queued":
+            refused = program.state == "failed" and isinstance(program.error, MappingLimitError)
+            if program.state != "queued" and not (retry_refused and refused):
                 return False
+            if refused:
+                program.error = None
+                program.done.clear()
             program.state = "compiling"
             return True
 
@@ -261,11 +267,7 @@ class Programs:
         (then waited for). Raises what its compile raised. A compile refused for lack of memory mappings is
         tried again here (other programs may have been released since); a step that can run padded does
         not come here, so a refused background compile is not retried at every step."""
-        with self._lock:
-            if program.state == "failed" and isinstance(program.error, MappingLimitError):
-                program.state, program.error = "queued", None
-                program.done.clear()
-        if self._claim(program):
+        if self._claim(program, retry_refused=True):
             self._compile(program)
         program.done.wait()
         if program.error is not None:
