@@ -86,13 +86,14 @@ def overlap_report(model, args, buckets: Buckets, max_tokens: int) -> dict:
                             disable_overlap_schedule=mode == "sync") for mode in ("overlap", "sync")}
     for engine in engines.values():
         timed_pass(engine, batch, 4 * args.output_len)  # compiles; the per-step times below exclude it
-        engine.stats.update(steps=0, host_s=0.0, device_wait_s=0.0)
+        engine.stats.update(steps=0, host_s=0.0, host_cpu_s=0.0, device_wait_s=0.0)
     best = run_pair(engines, batch, 4 * args.output_len, args.repeats)
     row = {f"tokens_per_s_{mode}": r["tokens_per_s"] for mode, r in best.items()}
     row["throughput_ratio_overlap_sync"] = row["tokens_per_s_overlap"] / row["tokens_per_s_sync"]
     for mode, engine in engines.items():
         steps = max(engine.stats["steps"], 1)
         row[f"host_ms_per_step_{mode}"] = 1e3 * engine.stats["host_s"] / steps
+        row[f"host_cpu_ms_per_step_{mode}"] = 1e3 * engine.stats["host_cpu_s"] / steps
         row[f"device_wait_ms_per_step_{mode}"] = 1e3 * engine.stats["device_wait_s"] / steps
     row["same_outputs"] = best["overlap"]["outputs"] == best["sync"]["outputs"]
     return row

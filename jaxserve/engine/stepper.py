@@ -30,6 +30,11 @@ from jaxserve.sampling import SampleOutput
 from jaxserve.sampling.grammar import fill_bitmask
 
 
+def _clocks() -> tuple[float, float]:
+    """(wall seconds, this thread's CPU seconds) now."""
+    return time.perf_counter(), time.thread_time()
+
+
 class Stepper(Protocol):
     """One step loop over `scheduler`. `step()` -> finished requests ([] when nothing is to do); `idle`:
     nothing queued, running or in flight; `forget(req)`: drop what the stepper holds for a request that
@@ -55,7 +60,8 @@ class Stepper(Protocol):
 
 class PlainStepper:
     """Plain decoding: every step is one ragged batch (prefill chunks and decodes) through `runner`.
-    `stats`: steps, tokens fed, host seconds and seconds spent waiting for the device (reading results)."""
+    `stats`: steps, tokens fed, host seconds (wall, and the main thread's CPU) and seconds spent waiting
+    for the device (reading results)."""
 
     def __init__(self, kv: KVCache, runner: ModelRunner, buckets: Buckets, *, max_tokens: int,
                  max_running: int, overlap: bool = True) -> None:
@@ -64,7 +70,7 @@ class PlainStepper:
                                    set_penalty_row=runner.set_penalty_row)
         # dispatched, not applied: (batch, samples, the prompt logprobs when a request asked for them)
         self.inflight: tuple[list[ScheduledSeq], SampleOutput, tuple | None] | None = None
-        self.stats = {"steps": 0, "host_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
+        self.stats = {"steps": 0, "host_s": 0.0, "host_cpu_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
 
     @property
     def idle(self) -> bool:
@@ -87,7 +93,7 @@ class PlainStepper:
     def step(self) -> list[Request]:
         """Schedule and dispatch one step, then apply the results of the step before it (overlap) or of
         this one. Returns the requests that finished."""
-        t0 = time.perf_counter()
+        t0 = _clocks()
         # a request with a grammar needs its last token on the host for its next mask: while one runs, the
         # overlap schedule splits the step; without it, a step in flight is applied first, on its own, and
         # each step is applied as it is dispatched
@@ -126,7 +132,7 @@ class PlainStepper:
         if next_ids is None:
             logits = self.runner.run_forward(inp)
         finished = self._apply(inflight, t0)
-        t0 = time.perf_counter()
+        t0 = _clocks()
         # every token before this step is applied now: the grammars are in the state this step samples from
         # (a request that just finished gets no mask: its row is skipped when applied)
         masks = fill_bitmask([s.req.grammar if s.samples and s.req.status is Status.RUNNING else None
@@ -134,7 +140,7 @@ class PlainStepper:
         sampling = fill_masks(inp.sampling, masks)
         if logits is not None:
             self.inflight = (batch, self.runner.run_sample(logits, sampling), None)
-            self.stats["host_s"] += time.perf_counter() - t0
+            self._count_host(t0, _clocks())
             return finished
         # prompt logprobs need the fused all-positions program: dispatched now and applied at once
         inp = type(inp)(inp.input_ids, inp.prev_rows, inp.meta, sampling)
@@ -145,15 +151,23 @@ class PlainStepper:
         """Read a dispatched step's results and apply them (`t0`: when this step's host work began)."""
         if inflight is None:
             return []
-        t1 = time.perf_counter()
+        t1 = _clocks()
         out = inflight[1]
         token_ids, logprobs = host_read.to_host(out.token_ids, out.logprobs)
         wants_top = any(s.req.params.top_logprobs_num for s in inflight[0])
         top = host_read.to_host(out.top_ids, out.top_logprobs) if wants_top else None
         if inflight[2] is not None:
             prompt_logprobs.record(inflight[0], *host_read.to_host(*inflight[2]))
-        t2 = time.perf_counter()
+        t2 = _clocks()
         finished = self.scheduler.process(inflight[0], token_ids, logprobs, top)
-        self.stats["host_s"] += (t1 - t0) + (time.perf_counter() - t2)
-        self.stats["device_wait_s"] += t2 - t1
+        self._count_host(t0, t1)
+        self._count_host(t2, _clocks())
+        self.stats["device_wait_s"] += t2[0] - t1[0]
         return finished
+
+    def _count_host(self, start: tuple[float, float], stop: tuple[float, float]) -> None:
+        """Add one stretch of host work (`_clocks` at its ends): its wall seconds to `host_s`, the main
+        thread's CPU seconds to `host_cpu_s`. On a CPU backend the device's threads share the cores with
+        this one, so the wall stretches with the device's load while the CPU seconds measure the work."""
+        self.stats["host_s"] += stop[0] - start[0]
+        self.stats["host_cpu_s"] += stop[1] - start[1]
