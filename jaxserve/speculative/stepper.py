@@ -353,9 +353,12 @@ class EagleStepper:
         # diagnostics (off by default): slot -> the draft's top-1 (target id) computed with the draft KV
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
+        # also per decode-step kind (round / plain): the steps' wall seconds and their main thread's CPU
+        # seconds (the host's work: waiting for the device costs no CPU time)
         self.stats = {"steps": 0, "prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0,
                       "reached": 0, "tree_kv_moved": 0, "plain_decode_steps": 0, "round_steps": 0,
-                      "draft_catch_ups": 0, "drafts_dropped": 0}
+                      "draft_catch_ups": 0, "drafts_dropped": 0, "round_wall_s": 0.0, "round_host_cpu_s": 0.0,
+                      "plain_wall_s": 0.0, "plain_host_cpu_s": 0.0}
         # adaptive speculation: per decode step, plain (0 draft steps) or a full round (`policy`)
         choose_draft_steps(1, options=(0, num_steps), policy=policy)  # refuses an unknown policy now
         self.policy, self.disable_batch_size = policy, disable_batch_size
@@ -535,7 +538,7 @@ class EagleStepper:
         choice, chosen = self._choose(reqs, costs.view())
         steady = self._prev_decode == (bucket, choice)
         compiles = programs_requested()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         finished = []
         if choice and self.lag.lagging(reqs):  # back to rounds: the draft catches up first (all tokens known)
             finished = self.drain()
@@ -544,6 +547,9 @@ class EagleStepper:
         if reqs:
             finished += self.decode(reqs) if choice else self._plain(reqs)
         seconds = time.perf_counter() - t0
+        kind = "round" if choice else "plain"
+        self.stats[f"{kind}_wall_s"] += seconds
+        self.stats[f"{kind}_host_cpu_s"] += time.thread_time() - c0
         # a step that finished requests also did their bookkeeping (prefix-tree inserts, catch-ups): the
         # same work whichever the choice, and it would skew the per-step costs the policy compares
         sample = steady and not finished and programs_requested() == compiles

@@ -55,7 +55,10 @@ def test_policy_auto_runs_both_paths_and_stays_lossless():
     engine = sp.engine("llama", num_steps=3, speculative_policy="auto")
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
-    assert engine.stats["plain_decode_steps"] > 0 and engine.stats["round_steps"] > 0
+    stats = engine.stats
+    assert stats["plain_decode_steps"] > 0 and stats["round_steps"] > 0
+    for kind in ("round", "plain"):  # each kind's host CPU: counted, and one thread's, so within its wall
+        assert 0 < stats[f"{kind}_host_cpu_s"] <= stats[f"{kind}_wall_s"]
     engine.check_memory()
     engine.flush_cache()
 
