@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from jaxserve.engine import multihost, split_step
 from jaxserve.engine.kv_cache import KVCache
+from jaxserve.engine.packed_args import ArgLayout
 from jaxserve.engine.program_cache import MappingLimitError, check_mapping_headroom, program_factory
 from jaxserve.engine.step_input import (
     Buckets,
@@ -82,17 +83,25 @@ def spec(x: Any) -> jax.ShapeDtypeStruct:
 
 
 def _arg_signature(arg: Any) -> tuple:
-    """One argument's part of a signature: `(pytree structure, per-leaf (shape, dtype, weak type,
-    sharding))` (host arrays: sharding None)."""
+    """One argument's part of a signature, with its leaves: `(pytree structure, per-leaf (shape, dtype,
+    weak type, sharding), leaves)` (host arrays: sharding None)."""
     leaves, tree = jax.tree.flatten(arg)
-    return tree, tuple((x.shape, np.dtype(x.dtype), getattr(x, "weak_type", False),
-                        getattr(x, "sharding", None)) for x in leaves)
+    return tree, tuple(_leaf_signature(x) for x in leaves), tuple(leaves)
 
 
-def _signature(args: tuple, known: dict[int, tuple] | None = None) -> tuple:
-    """What selects an executable: `(structures, leaves)`, each a tuple over the arguments (see
-    `_arg_signature`); `known` maps argument positions to parts already computed."""
-    parts = [(known or {}).get(i) or _arg_signature(a) for i, a in enumerate(args)]
+def _leaf_signature(x: Any) -> tuple:
+    if isinstance(x, np.ndarray):  # the common host leaf, without the attribute misses below
+        return x.shape, x.dtype, False, None
+    return x.shape, np.dtype(x.dtype), getattr(x, "weak_type", False), getattr(x, "sharding", None)
+
+
+def _parts(args: tuple, known: dict[int, tuple] | None = None) -> list[tuple]:
+    """`_arg_signature` of every argument; `known` maps argument positions to parts already computed."""
+    return [(known or {}).get(i) or _arg_signature(a) for i, a in enumerate(args)]
+
+
+def _signature(parts: list[tuple]) -> tuple:
+    """What selects an executable: `(structures, leaves)`, each a tuple over the arguments (from `_parts`)."""
     return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
 
@@ -118,6 +127,7 @@ class _Program:
     specs: tuple
     state: str = "queued"
     compiled: Any = None
+    layout: ArgLayout | None = None  # how a call's arguments reach `compiled` (set with it)
     error: BaseException | None = None
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -141,16 +151,19 @@ class Programs:
     tuple (`fn` is wrapped to rebuild the pytree inside the trace). So a step neither re-walks the parameters
     for a signature nor has the dispatch flatten them again: an `nnx.State` flattens through a Python callback
     per variable (the embedded model's step: 37 variables; `ModelRunner.run` took 0.72 ms of host CPU per
-    dispatch before this and 0.52 ms after, on a 2-core CPU), more for a large unscanned model. The first
-    compile of each `Programs` traces `fn` once more to read its donations. Mutating such an argument in place
-    (e.g. assigning into an `nnx.State`) is outside the contract: the executables keep reading the leaves the
-    object had when first seen; pass a new object instead. `fn`'s donations carry over (read from its
-    lowering); fixed arguments must not be donated."""
+    dispatch before this and 0.52 ms after, on a 2-core CPU), more for a large unscanned model. Mutating such
+    an argument in place (e.g. assigning into an `nnx.State`) is outside the contract: the executables keep
+    reading the leaves the object had when first seen; pass a new object instead.
+
+    The numpy leaves of the other arguments reach an executable packed, one buffer per dtype
+    (`packed_args.ArgLayout`), instead of one transfer each. `fn`'s donations carry over (read from its
+    lowering: the first compile of each `Programs` traces `fn` once more); donated arguments are passed as
+    they are, and fixed arguments must not be donated."""
 
     def __init__(self, fn: Any, name: str, fixed: tuple[int, ...] = ()) -> None:
         self.fn, self.name, self.fixed = fn, name, fixed
-        # position -> (the object, its signature part, its leaves)
-        self._fixed_parts: dict[int, tuple[Any, tuple, tuple]] = {}
+        # position -> (the object, its `_arg_signature`)
+        self._fixed_parts: dict[int, tuple[Any, tuple]] = {}
         self._donated: tuple[int, ...] | None = None  # fn's donated argument positions, read at first compile
         self._programs: dict[tuple, _Program] = {}
         self._lock = threading.Lock()
@@ -167,59 +180,53 @@ class Programs:
 
     def call(self, bucket: Bucket, args: tuple, repad: Repad) -> Any:
         """Run the function on `args` (shaped as `bucket`) through a compiled program (see the class)."""
-        sig = _signature(args, self._known_parts(args))
+        parts = _parts(args, self._known_parts(args))
+        sig = _signature(parts)
         program = self._programs.get(sig)
         if program is not None and program.state == "ready":
-            return program.compiled(*self._flat_args(args))
+            return program.compiled(*program.layout.pack(args, [p[2] for p in parts]))
         fallback = self._fallback(bucket, sig[0], args, repad) if _BACKGROUND.is_set() else None
         program = self._ensure(sig, bucket, args, queued=fallback is not None)
         if fallback is None:
-            return self._compiled_now(program)(*self._flat_args(args))
+            compiled = self._compiled_now(program)
+            return compiled(*program.layout.pack(args, [p[2] for p in parts]))
         self.num_padded += 1
-        compiled, padded = fallback
-        return compiled(*self._flat_args(padded))
+        big, padded, padded_parts = fallback
+        return big.compiled(*big.layout.pack(padded, [p[2] for p in padded_parts]))
 
     def _known_parts(self, args: tuple) -> dict[int, tuple]:
-        """Signature parts of the `fixed` arguments, recomputed (with their leaves) only for a new object at
-        a position."""
+        """`_arg_signature` of the `fixed` arguments, recomputed only for a new object at a position."""
         known = {}
         for i in self.fixed:
             held = self._fixed_parts.get(i)
             if held is None or held[0] is not args[i]:
                 arg = args[i]
-                held = self._fixed_parts[i] = (arg, _arg_signature(arg), tuple(jax.tree.leaves(arg)))
+                held = self._fixed_parts[i] = (arg, _arg_signature(arg))
             known[i] = held[1]
         return known
 
-    def _flat_args(self, args: tuple) -> tuple:
-        """`args` as the executables take them: each `fixed` argument as its leaves (`_known_parts` has seen
-        these objects)."""
-        if not self.fixed:
-            return args
-        return tuple(self._fixed_parts[i][2] if i in self.fixed else a for i, a in enumerate(args))
-
-    def _flat_fn(self, specs: tuple) -> Any:
-        """`fn` jitted to take the `fixed` arguments of `specs`' structure as flat tuples of leaves, with
-        `fn`'s donations."""
+    def _packed_fn(self, specs: tuple) -> tuple[Any, ArgLayout]:
+        """`fn` jitted to take its arguments as `ArgLayout` packs them for arguments shaped as `specs`, with
+        `fn`'s donations; and that layout."""
         if self._donated is None:
             info = self.fn.lower(*specs).args_info[0]
             self._donated = tuple(i for i, arg in enumerate(info)
                                   if any(leaf.donated for leaf in jax.tree.leaves(arg)))
             if set(self._donated) & set(self.fixed):
                 raise ValueError(f"{self.name}: fixed arguments {self.fixed} must not be donated")
-        trees = {i: jax.tree.structure(specs[i]) for i in self.fixed}
+        layout = ArgLayout.of(specs, fixed=self.fixed, donated=self._donated)
         fn = self.fn
 
         @functools.wraps(fn)
-        def flat(*args):
-            return fn(*(jax.tree.unflatten(trees[i], a) if i in trees else a for i, a in enumerate(args)))
+        def packed(*flat):
+            return fn(*layout.unpack(flat))
 
-        return jax.jit(flat, donate_argnums=self._donated)
+        return jax.jit(packed, donate_argnums=self._donated), layout
 
     def prepare(self, bucket: Bucket, args: tuple) -> threading.Event:
         """Queue the program of `args` (leaves may be `jax.ShapeDtypeStruct`) for the background thread
         unless it is known already; returns its event, set once it is compiled (or failed)."""
-        return self._ensure(_signature(args), bucket, args, queued=True).done
+        return self._ensure(_signature(_parts(args)), bucket, args, queued=True).done
 
     def _ensure(self, sig: tuple, bucket: Bucket, args: tuple, *, queued: bool) -> _Program:
         with self._lock:
@@ -235,8 +242,10 @@ class Programs:
                         self._worker.start()
             return program
 
-    def _fallback(self, bucket: Bucket, tree: Any, args: tuple, repad: Repad) -> tuple[Any, tuple] | None:
-        """(executable, padded arguments) of the smallest compiled bucket holding `bucket`, or None."""
+    def _fallback(self, bucket: Bucket, tree: Any, args: tuple, repad: Repad
+                  ) -> tuple[_Program, tuple, list[tuple]] | None:
+        """(program, padded arguments, their `_parts`) of the smallest compiled bucket holding `bucket`, or
+        None."""
         with self._lock:
             larger = sorted({p.bucket for s, p in self._programs.items()
                              if p.state == "ready" and s[0] == tree and p.bucket != bucket
@@ -244,9 +253,10 @@ class Programs:
                             key=lambda b: (math.prod(b), b))
         for big in larger:
             padded = repad(args, big)
-            program = self._programs.get(_signature(padded, self._known_parts(padded)))
+            parts = _parts(padded, self._known_parts(padded))
+            program = self._programs.get(_signature(parts))
             if program is not None and program.state == "ready":
-                return program.compiled, padded
+                return program, padded, parts
         return None
 
     def _claim(self, program: _Program, *, retry_refused: bool = False) -> bool:
@@ -278,12 +288,9 @@ class Programs:
         try:
             with _COMPILE_LOCK:
                 check_mapping_headroom()  # on CPU, past the process's mapping limit XLA segfaults
-                specs = program.specs
-                if self.fixed:
-                    flat = [tuple(jax.tree.leaves(a)) if i in self.fixed else a for i, a in enumerate(specs)]
-                    program.compiled = self._flat_fn(specs).lower(*flat).compile()
-                else:
-                    program.compiled = self.fn.lower(*specs).compile()
+                fn, layout = self._packed_fn(program.specs)
+                program.compiled = fn.lower(*layout.flat_specs(program.specs)).compile()
+                program.layout = layout
             program.state = "ready"
         except Exception as exc:  # re-raised by the call that needs this program (`_compiled_now`)
             program.error, program.state = exc, "failed"
