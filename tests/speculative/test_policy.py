@@ -4,10 +4,11 @@ brute-force model (simulated rounds for the expected tokens, an explicit argmax 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from jaxserve.speculative.policy import (
@@ -189,6 +190,9 @@ def test_settled_on_plain_when_plain_has_the_most_measured_tokens_per_second(rat
     def score(k):  # ties go to plain
         return _tokens_per_s(k, rate, seconds, margin)
 
+    # a tie within float rounding (equal times, acceptance ~0) goes either way: the policy and this
+    # reference compute the scores in different orders (hypothesis found 1.028677286429312 vs ...3)
+    assume(not math.isclose(score(0), max(score(2), score(3)), rel_tol=1e-12))
     assert got == (batch_size >= 4 and score(0) >= max(score(2), score(3)))
     if got:  # the choice agrees whenever it is not exploring
         assert choose_draft_steps(batch_size, options=(0, 2, 3), accept_rate=rate, costs=costs,
