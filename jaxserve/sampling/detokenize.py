@@ -32,6 +32,19 @@ class IncrementalDetokenizer:
             return ""
         return self._commit(window)
 
+    def extend(self, token_ids: Sequence[int]) -> str:
+        """Add several tokens with one window decode; return the text they committed. Gives the text that
+        `append` of each in turn gives: when the whole window ends in an incomplete character, the tokens
+        go through `append` one by one instead (so the complete characters before it are committed)."""
+        if len(token_ids) <= 1:
+            return self.append(token_ids[0]) if token_ids else ""
+        self._ids.extend(token_ids)
+        window = self._detokenize(self._ids[self._prefix_offset :])
+        if not window.endswith(_INCOMPLETE):
+            return self._commit(window)
+        del self._ids[-len(token_ids):]
+        return "".join(self.append(t) for t in token_ids)
+
     def flush(self) -> str:
         """Commit every pending token even if it ends in an incomplete character; return the new text."""
         if self._read_offset == len(self._ids):

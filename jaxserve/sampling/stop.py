@@ -26,6 +26,11 @@ FinishReason = dict[str, Any]
 class StopChecker:
     """Per-request stop state. `detokenize(ids) -> str` should already honour skip_special_tokens.
 
+    Without stop strings nothing needs the text to decide when to stop, so `append` only records the token
+    and the text is decoded when it is read (`text`, `stream_delta`): the tokens appended since the last
+    read in one window decode (`IncrementalDetokenizer.extend`), not two decodes per token on the step's
+    path. The text is the same either way.
+
     A request with max_new_tokens == 0 is finished ("length", 0) on construction.
     """
 
@@ -35,6 +40,7 @@ class StopChecker:
         self._stop_strings: tuple[str, ...] = params.stop  # normalised to a tuple by SamplingParams
         self._longest_stop = max((len(s) for s in self._stop_strings), default=0)
         self._detokenizer = IncrementalDetokenizer(detokenize)
+        self._decoded = 0  # output ids given to the detokenizer (all but the latest ones when lazy)
         self._text_end: int | None = None  # where `text` is cut once finished
         self._streamed_chars = 0
         self.output_ids: list[int] = []
@@ -49,7 +55,20 @@ class StopChecker:
     @property
     def text(self) -> str:
         """Output text so far; once finished, trimmed at the stop string (stop tokens never enter it)."""
+        if self._decoded < len(self.output_ids):
+            self._catch_up()
         return self._detokenizer.text[: self._text_end]
+
+    def _catch_up(self) -> None:
+        """Decode the ids appended since the last read (no stop strings: see the class), leaving out a
+        final stop token, and flush once finished as `_finish` does for eager decoding."""
+        ids = self.output_ids
+        # without stop strings a "stop" finish is a stop token, the last id
+        end = len(ids) - (self.finish_reason is not None and self.finish_reason["type"] == "stop")
+        self._detokenizer.extend(ids[self._decoded: end])
+        self._decoded = len(ids)
+        if self.finished:
+            self._detokenizer.flush()
 
     def append(self, token_id: int) -> FinishReason | None:
         """Record one sampled token; return the finish reason if it finishes the request, else None."""
@@ -60,12 +79,14 @@ class StopChecker:
         self.output_ids.append(token_id)
         if token_id in self._stop_ids:
             return self._finish({"type": "stop", "matched": token_id})
-        old_num_chars = len(self._detokenizer.text)
-        if self._detokenizer.append(token_id) and self._stop_strings:
-            match = self._find_stop_string(max(0, old_num_chars - self._longest_stop + 1))
-            if match is not None:
-                position, stop_string = match
-                return self._finish({"type": "stop", "matched": stop_string}, text_end=position)
+        if self._stop_strings:
+            self._decoded += 1
+            old_num_chars = len(self._detokenizer.text)
+            if self._detokenizer.append(token_id):
+                match = self._find_stop_string(max(0, old_num_chars - self._longest_stop + 1))
+                if match is not None:
+                    position, stop_string = match
+                    return self._finish({"type": "stop", "matched": stop_string}, text_end=position)
         if len(self.output_ids) >= self._params.max_new_tokens:
             return self._finish({"type": "length", "length": self._params.max_new_tokens})
         return None
@@ -80,8 +101,9 @@ class StopChecker:
         return delta
 
     def _finish(self, reason: FinishReason, text_end: int | None = None) -> FinishReason:
-        if text_end is None:
+        if text_end is None and self._stop_strings:
             self._detokenizer.flush()
+            self._decoded = len(self.output_ids)  # a stop token is not decoded
         self._text_end = text_end
         self.finish_reason = reason
         return reason

@@ -156,3 +156,62 @@ def test_stream_never_emits_the_trimmed_stop_string():
         if finished:
             break
     assert streamed == checker.text == "Hel"
+
+
+NEVER = "\x00never"  # a stop string no toy text contains: the checker then decodes each token as it comes
+
+
+@pytest.mark.parametrize(("decode", "vocab_size"), [(byte_decode, len(BYTES)), (piece_decode, len(PIECES))])
+def test_text_decoded_when_read_equals_text_decoded_per_token(decode, vocab_size):
+    """Without stop strings the text is decoded when read, several tokens at once: at every read, and
+    streamed, it equals what a checker decoding every token as it comes (a stop string that never
+    matches) has, whatever the reads' spacing, partial characters, stop tokens and length finishes."""
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        ids = rng.integers(0, vocab_size, rng.integers(1, 16)).tolist()
+        params = dict(max_new_tokens=int(rng.integers(1, 18)), stop_token_ids=[int(rng.integers(vocab_size))])
+        lazy = StopChecker(SamplingParams(**params), [EOS], decode)
+        eager = StopChecker(SamplingParams(**params, stop=NEVER), [EOS], decode)
+        streamed = []
+        for token in ids:
+            done = lazy.append(token)
+            assert eager.append(token) == done
+            if rng.random() < 0.4 or done is not None:
+                assert lazy.text == eager.text
+                streamed.append(lazy.stream_delta())
+            if done is not None:
+                break
+        streamed.append(lazy.stream_delta())
+        assert lazy.text == eager.text and "".join(streamed) == lazy.text
+        assert lazy.output_ids == eager.output_ids and lazy.finish_reason == eager.finish_reason
+
+
+def test_extend_holds_an_incomplete_character_but_commits_what_precedes_it():
+    detokenizer = IncrementalDetokenizer(byte_decode)
+    assert detokenizer.extend([0, 8, 6]) == "Heab"  # "é" is not complete: its first byte is held
+    assert detokenizer.extend([7, 1]) == "éllo"
+    detokenizer.extend([6])
+    detokenizer.flush()
+    assert detokenizer.text == byte_decode([0, 8, 6, 7, 1, 6])
+
+
+def test_text_decoded_when_read_equals_per_token_decoding_with_the_embedded_tokenizer():
+    """The same with the embedded model's byte-level BPE tokenizer (split multi-byte characters, special
+    tokens skipped): lazy text, eager text and a full decode of the ids agree."""
+    from jaxserve.assets import EMBEDDED_MODEL_DIR
+    from jaxserve.loader.tokenizer import HFTokenizer
+
+    tok = HFTokenizer(EMBEDDED_MODEL_DIR)
+    decode = tok.decode
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        ids = rng.integers(0, tok.vocab_size, rng.integers(1, 40)).tolist()
+        lazy = StopChecker(SamplingParams(max_new_tokens=len(ids), ignore_eos=True), [], decode)
+        eager = StopChecker(SamplingParams(max_new_tokens=len(ids), ignore_eos=True, stop=NEVER), [], decode)
+        for n, token in enumerate(ids, 1):
+            lazy.append(token)
+            eager.append(token)
+            if rng.random() < 0.3:
+                assert lazy.text == eager.text
+                assert decode(ids[:n]).startswith(lazy.text)
+        assert lazy.text == eager.text == decode(ids)
