@@ -74,32 +74,41 @@ class SamplingBatch:
 
 
 def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
-                         token_bitmask: np.ndarray | None = None) -> SamplingBatch:
+                         token_bitmask: np.ndarray | None = None, *, repeat: int = 1) -> SamplingBatch:
     """Pack `rows` into a SamplingBatch of `num_rows` rows (the bucket), padding the rest. O(num_rows).
-    `token_bitmask` (u32[R, W] with R <= len(rows) or R == num_rows, or None): the first R rows' grammar
-    masks; the other rows allow every token. A mask of `num_rows` rows is the batch's own (not copied).
+    `repeat`: each of `rows` fills that many consecutive rows (a speculative round samples every verified
+    node of a request with the request's row). `token_bitmask` (u32[R, W] with R <= the filled rows or
+    R == num_rows, or None): the first R rows' grammar masks; the other rows allow every token. A mask of
+    `num_rows` rows is the batch's own (not copied).
 
-    Raises ValueError if there are more rows than `num_rows`, a row has num_generated < 0, or a row uses
+    Raises ValueError if the filled rows exceed `num_rows`, a row has num_generated < 0, or a row uses
     penalties without a penalty_row.
     """
-    if len(rows) > num_rows:
-        raise ValueError(f"{len(rows)} sampling rows do not fit the bucket of {num_rows} rows")
+    filled = len(rows) * repeat
+    if filled > num_rows:
+        raise ValueError(f"{filled} sampling rows do not fit the bucket of {num_rows} rows")
     if any(row.num_generated < 0 for row in rows):
         raise ValueError("num_generated must be >= 0 for every sampling row")
     if any(row.params.uses_penalties and row.penalty_row is None for row in rows):
         raise ValueError("a row uses repetition/frequency/presence penalties but has no penalty_row")
 
     def column(get, pad, dtype) -> np.ndarray:
-        return np.array([get(row) for row in rows] + [pad] * (num_rows - len(rows)), dtype=dtype)
+        out = np.full(num_rows, pad, dtype=dtype)
+        if rows:
+            values = np.array([get(row) for row in rows], dtype=dtype)
+            out[:filled] = np.repeat(values, repeat) if repeat > 1 else values
+        return out
 
     words = np.zeros((num_rows, 2), dtype=np.uint32)
-    words[: len(rows)] = seed_words([row.seed for row in rows])
+    if rows:
+        words[:filled] = np.repeat(seed_words([row.seed for row in rows]), repeat, axis=0)
     bias_ids = np.zeros((num_rows, MAX_LOGIT_BIAS), np.int32)
     bias_values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
     for i, row in enumerate(rows):
         if row.params.logit_bias:
             ids, values = zip(*row.params.logit_bias, strict=True)
-            bias_ids[i, : len(ids)], bias_values[i, : len(ids)] = ids, values
+            span = slice(i * repeat, (i + 1) * repeat)
+            bias_ids[span, : len(ids)], bias_values[span, : len(ids)] = ids, values
     if token_bitmask is not None and token_bitmask.shape[0] != num_rows:
         mask = np.full((num_rows, token_bitmask.shape[1]), 0xFFFFFFFF, np.uint32)
         mask[: token_bitmask.shape[0]] = token_bitmask

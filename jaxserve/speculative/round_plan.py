@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 
 from jaxserve.engine.kv_cache import KVCache
@@ -32,9 +31,7 @@ from jaxserve.layers.attention_metadata import (
     build_attention_metadata,
     pick_bucket,
 )
-from jaxserve.sampling import SamplingBatch, SamplingParams, SamplingRow, build_sampling_batch
-
-_PAD_PARAMS = SamplingParams(temperature=0.0)
+from jaxserve.sampling import SamplingBatch, SamplingRow, build_sampling_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,21 +105,46 @@ class RoundPlanner:
             seq_buckets=self.seq_buckets, page_buckets=(width,))
         draft_metas = None
         if steps > 1:
-            metas = [build_attention_metadata(
-                [SequenceStep(w, n + s * w, p, positions=[n + s - 1] * w)
-                 for n, p in zip(starts, pages, strict=True)],
-                page_size=kv.page_size, token_buckets=self.draft_tokens, seq_buckets=self.seq_buckets,
-                page_buckets=(width,)) for s in range(1, steps)]
-            draft_metas = jax.tree.map(lambda *xs: np.stack(xs), *metas)
-        rows = [SamplingRow(r.params, r.seed, len(r.output_ids), r.penalty_row)
-                for r in reqs for _ in range(nv)]
-        rows += [SamplingRow(_PAD_PARAMS, 0, 0)] * ((num_rows - len(reqs)) * nv)
+            draft_metas = draft_step_metadata(np.asarray(starts, np.int64), meta.page_table, steps=steps,
+                                              width=w, page_size=kv.page_size,
+                                              num_tokens=pick_bucket(len(reqs) * w, self.draft_tokens,
+                                                                     "num_tokens"))
+        rows = [SamplingRow(r.params, r.seed, len(r.output_ids), r.penalty_row) for r in reqs]
         dest = np.full(num_rows, num_state_rows, np.int32)
         dest[: len(reqs)] = state_rows[: len(reqs)]
         last = np.zeros(num_rows, np.int32)
         last[: len(reqs)] = [r.output_ids[-1] for r in reqs]
         return RoundPlan(reqs, frozenset(reqs), (num_rows, width), state_rows, dest, shifted, last,
-                         draft_metas, meta, build_sampling_batch(rows, meta.num_tokens))
+                         draft_metas, meta, build_sampling_batch(rows, meta.num_tokens, repeat=nv))
+
+
+def draft_step_metadata(starts: np.ndarray, page_table: np.ndarray, *, steps: int, width: int, page_size: int,
+                        num_tokens: int) -> AttentionMetadata:
+    """The round's draft steps' metadata stacked `[steps - 1, ...]` (full group only): at draft step s
+    (1 .. steps-1) request i feeds `width` tokens at key indices `starts[i] + (s-1) width ..` and rope
+    position `starts[i] + s - 1`, through `page_table` (the verify's: the same pages, bucket and width).
+    Equal to `build_attention_metadata` of those steps, built at once with numpy: O(steps x tokens)."""
+    num_seqs, n = page_table.shape[0], starts.shape[0]
+    step = np.arange(1, steps)[:, None, None]  # [S-1, 1, 1]
+    k = np.arange(width)[None, None, :]  # [1, 1, w]
+    start = starts[None, :, None]  # [1, n, 1]
+    keys = (start + (step - 1) * width + k).reshape(steps - 1, n * width)
+    rows = np.repeat(np.arange(n), width)
+    real = n * width
+    positions = np.zeros((steps - 1, num_tokens), np.int32)
+    positions[:, :real] = np.broadcast_to(start + step - 1, (steps - 1, n, width)).reshape(steps - 1, real)
+    seq_ids = np.zeros((steps - 1, num_tokens), np.int32)
+    seq_ids[:, :real] = rows
+    write_slots = np.zeros((steps - 1, num_tokens), np.int32)
+    pages = page_table[rows, keys // page_size].astype(np.int64)
+    write_slots[:, :real] = pages * page_size + keys % page_size
+    kv_lens = np.zeros((steps - 1, num_seqs), np.int32)
+    kv_lens[:, :n] = starts[None, :] + np.arange(1, steps)[:, None] * width
+    sample_idx = np.zeros((steps - 1, num_seqs), np.int32)
+    sample_idx[:, :n] = np.arange(1, n + 1) * width - 1
+    return AttentionMetadata(positions=positions, seq_ids=seq_ids, write_slots=write_slots,
+                             page_table=np.broadcast_to(page_table, (steps - 1, *page_table.shape)).copy(),
+                             kv_lens=kv_lens, sample_idx=sample_idx, page_size=page_size)
 
 
 def repad_round(args: tuple, bucket: tuple[int, int]) -> tuple:

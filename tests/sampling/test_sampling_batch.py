@@ -3,6 +3,8 @@
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxserve.sampling import (
     NO_PENALTY_ROW,
@@ -92,3 +94,27 @@ def test_seed_source_is_repeatable_distinct_and_respects_explicit_seeds():
     for _ in range(1000):
         replay.next_seed()
     assert source.seed_for(SamplingParams()) == replay.next_seed()
+
+
+def test_repeated_rows_equal_the_rows_written_out():
+    """`repeat=k` fills k consecutive rows per row: the batch equals the one built from every row written
+    out k times (the padding rows past them too)."""
+    params = st.builds(SamplingParams, temperature=st.sampled_from([0.0, 0.7]),
+                       top_k=st.sampled_from([-1, 5]), top_p=st.sampled_from([1.0, 0.8]),
+                       frequency_penalty=st.sampled_from([0.0, 0.5]),
+                       logit_bias=st.sampled_from([None, {3: 1.5, 9: -2.0}]),
+                       top_logprobs_num=st.sampled_from([0, 2]))
+    row = st.builds(SamplingRow, params=params, seed=st.integers(-2**40, 2**40),
+                    num_generated=st.integers(0, 50), penalty_row=st.just(1))
+
+    @settings(max_examples=40, deadline=None)
+    @given(rows=st.lists(row, max_size=4), repeat=st.integers(1, 4), spare=st.integers(0, 3))
+    def check(rows, repeat, spare):
+        num_rows = len(rows) * repeat + spare
+        got = build_sampling_batch(rows, num_rows, repeat=repeat)
+        want = build_sampling_batch([r for r in rows for _ in range(repeat)], num_rows)
+        for name in got.__dataclass_fields__:
+            a, b = getattr(got, name), getattr(want, name)
+            assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), name
+
+    check()
