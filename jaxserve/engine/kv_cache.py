@@ -107,6 +107,17 @@ class KVCache:
             self.allocator.free(tail)
         req.truncate_slots(min(num_tokens, slots.shape[0]))
 
+    def shrink_many(self, shrinks: list[tuple[CachedReq, int]]) -> None:
+        """`shrink` for several (request, num_tokens) at once, with one allocator free for all their
+        tails (the pages past each request's `num_tokens`)."""
+        ps = self.page_size
+        tails = [req.kv_slots[self.pages_for(n) * ps:] for req, n in shrinks]
+        tails = [t for t in tails if t.shape[0]]
+        if tails:
+            self.allocator.free(np.concatenate(tails) if len(tails) > 1 else tails[0])
+        for req, n in shrinks:
+            req.truncate_slots(min(n, req.kv_slots.shape[0]))
+
     def _evict_for(self, num_slots: int) -> None:
         if self.hybrid:
             full_short = num_slots - self.allocator.full_available_size()

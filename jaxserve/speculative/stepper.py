@@ -762,20 +762,20 @@ class EagleStepper:
         num_acc, emitted, logprobs, path = host_read.to_host(
             verdict.num_accepted, verdict.emitted, verdict.logprobs, verdict.path)
         top = host_read.to_host(verdict.top_ids, verdict.top_logprobs) if _wants_top(reqs) else None
+        n = len(reqs)  # whole rows to Python lists at once, then cut per request
+        num_acc, emitted, logprobs, path = (x[:n].tolist() for x in (num_acc, emitted, logprobs, path))
         out = []
-        for i in range(len(reqs)):
-            a = int(num_acc[i])
-            tops = [(top[0][i, j], top[1][i, j]) if top else ((), ()) for j in range(a + 1)]
-            out.append((a, emitted[i, : a + 1].tolist(), logprobs[i, : a + 1].tolist(),
-                        (i * nv + path[i, : a + 1]).tolist(), tops))
+        for i, a in enumerate(num_acc):
+            tops = [(top[0][i, j], top[1][i, j]) for j in range(a + 1)] if top else [((), ())] * (a + 1)
+            out.append((a, emitted[i][: a + 1], logprobs[i][: a + 1], [i * nv + p for p in path[i][: a + 1]],
+                        tops))
         return out
 
     def _accept(self, reqs, results, next_members) -> list[Request]:
         """Append each request's new tokens (until a stop rule fires), move its end to n + a + 1 and free
         whole pages past it (past the span of the round in flight, for `next_members`). Returns the requests
         that finished (the caller finishes them)."""
-        kv = self.kv
-        finished = []
+        finished, shrinks = [], []
         for req, (accepted, new, logps, _, tops) in zip(reqs, results, strict=True):
             n = req.num_computed
             req.spec_accept_lengths.append(accepted)
@@ -790,8 +790,9 @@ class EagleStepper:
                     finished.append(req)
                     break
             end = n + accepted + 1
-            kv.shrink(req.cached, end + (self.num_reserve if req in next_members else 0))
+            shrinks.append((req.cached, end + (self.num_reserve if req in next_members else 0)))
             req.num_computed = end
+        self.kv.shrink_many(shrinks)
         return finished
 
     @property
