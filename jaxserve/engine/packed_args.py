@@ -12,8 +12,10 @@ the function.
 Argument positions are of three kinds:
 - `fixed` (parameters: `Programs` keeps their leaves): a flat tuple of their leaves;
 - donated: passed as they are, so the executable still consumes the caller's buffers;
-- any other: a tuple of its device leaves, its host leaves (numpy arrays and scalars) going to the packed
-  buffers in leaf order.
+- any other: a tuple of its device leaves and its large host leaves, its other host leaves (numpy arrays
+  and scalars of at most `PACK_MAX_ELEMENTS` elements) going to the packed buffers in leaf order. A large
+  leaf (a page table at a long context: 32 rows x 4,096 pages) costs more to copy into a buffer than its
+  own transfer's fixed cost, and packing it would make the host's work grow with the context.
 The layout is a function of the abstract arguments (which leaves are on the host, their shapes and dtypes),
 so it is built once per executable and packing a call's leaves costs one concatenate per dtype.
 """
@@ -29,13 +31,16 @@ import jax
 import numpy as np
 
 FIXED, DONATED, SPLIT = "fixed", "donated", "split"
+# host leaves up to this many elements are packed (16 KiB of int32: a copy that size costs about what one
+# transfer's fixed cost does); larger ones go as they are
+PACK_MAX_ELEMENTS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
 class ArgLayout:
-    """Per argument position: its kind, its pytree structure, the indices of its device leaves and, for
-    each host leaf, (leaf index, buffer, offset, shape) in the packed buffers (`dtypes[buffer]`, `sizes`
-    elements each)."""
+    """Per argument position: its kind, its pytree structure, the indices of the leaves passed as they are
+    (device leaves and large host leaves) and, for each packed host leaf, (leaf index, buffer, offset,
+    shape) in the packed buffers (`dtypes[buffer]`, `sizes` elements each)."""
 
     kinds: tuple[str, ...]
     trees: tuple[Any, ...]
@@ -59,7 +64,8 @@ class ArgLayout:
             dev, packed = [], []
             if kind == SPLIT:
                 for j, leaf in enumerate(leaves):
-                    if getattr(leaf, "sharding", None) is not None:
+                    size = math.prod(leaf.shape)
+                    if getattr(leaf, "sharding", None) is not None or size > PACK_MAX_ELEMENTS:
                         dev.append(j)
                         continue
                     dtype = np.dtype(leaf.dtype)
@@ -68,7 +74,7 @@ class ArgLayout:
                         sizes.append(0)
                     shape = tuple(leaf.shape)
                     packed.append((j, b, sizes[b], shape))
-                    sizes[b] += math.prod(shape)
+                    sizes[b] += size
             device.append(tuple(dev))
             host.append(tuple(packed))
         return cls(tuple(kinds), tuple(trees), tuple(device), tuple(host), tuple(buffer_of), tuple(sizes))

@@ -14,11 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxserve.engine import runner
-from jaxserve.engine.packed_args import ArgLayout
+from jaxserve.engine.packed_args import PACK_MAX_ELEMENTS, ArgLayout
 from jaxserve.engine.runner import spec
 
 DTYPES = (np.int32, np.float32, np.uint32, np.bool_, np.int64)
-shapes = st.lists(st.integers(0, 4), max_size=3).map(tuple)
+# small shapes, and now and then one past PACK_MAX_ELEMENTS (passed as it is, not packed)
+shapes = st.one_of(st.lists(st.integers(0, 4), max_size=3).map(tuple),
+                   st.sampled_from([(PACK_MAX_ELEMENTS + 1,), (2, PACK_MAX_ELEMENTS // 2 + 3)]))
 
 
 @st.composite
@@ -58,10 +60,16 @@ def test_unpack_returns_every_leaf_and_pack_matches_the_specs(args, data):
     for a, b in zip(args, back, strict=True):
         assert jax.tree.structure(a) == jax.tree.structure(b)
         assert all(_same_leaf(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
-    # one packed buffer per host dtype among the split (not fixed, not donated) positions
-    host = {np.dtype(x.dtype) for i, a in enumerate(args) if i not in fixed and i not in donated
-            for x in jax.tree.leaves(a) if isinstance(x, np.ndarray)}
-    assert set(layout.dtypes) == host and len(flat[-1]) == len(host)
+    # one packed buffer per host dtype among the small host leaves of the split (not fixed, not donated)
+    # positions; large host leaves are passed as they are
+    split = [x for i, a in enumerate(args) if i not in fixed and i not in donated for x in jax.tree.leaves(a)
+             if isinstance(x, np.ndarray)]
+    small = [x for x in split if x.size <= PACK_MAX_ELEMENTS]
+    assert set(layout.dtypes) == {x.dtype for x in small} and len(flat[-1]) == len(layout.dtypes)
+    assert sum(b.size for b in flat[-1]) == sum(x.size for x in small)
+    passed = [x for i in range(len(args)) if i not in fixed and i not in donated
+              for x in flat[i] if isinstance(x, np.ndarray)]
+    assert sorted(id(x) for x in passed) == sorted(id(x) for x in split if x.size > PACK_MAX_ELEMENTS)
 
 
 def test_programs_packs_host_leaves_and_keeps_donations():
