@@ -5,8 +5,8 @@ step t has run; but the mask is needed only when step t+1 samples, after its for
 step can run as two dispatches (`ModelRunner.run_forward` and `run_sample`): `forward` (the model: logits
 of every sampling row, KV written, the pending tokens read on device from the previous step's samples)
 and `sample` (the sampler over those logits, with the masks as data). The stepper dispatches the forward
-of step t+1, then reads and applies step t while the device runs it, fills the masks, and dispatches the
-sample.
+of step t+1, then reads and applies step t while the device runs it, and fills the masks; it dispatches
+the sample once it has built step t+2, right before step t+2's forward (see `engine.stepper`).
 
 Both programs compute what the fused step (`runner._make_step`) computes, in the same order: the same
 logits, the same sampler and keys, the same penalty updates. The KV pools are donated to `forward` and the

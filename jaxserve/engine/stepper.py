@@ -9,15 +9,21 @@ runs; the tokens step t sampled reach step t+1 on device (`StepInput.prev_rows`)
 ids only after dispatching t+1, so the device never waits for the host. Sampled outputs are the same under
 both schedules (same steps, same keys). While a request with a grammar runs, its next mask needs its last
 token on the host: the overlap schedule then cuts each step in two (`engine.split_step`): step t+1's
-forward is dispatched, step t is read and applied while it runs, and the sampler follows with the masks
-filled from the grammars' new states. Without the overlap schedule (or for a step with prompt logprobs)
-constrained steps are applied as they are dispatched.
+forward is dispatched, step t is read and applied while it runs, and the masks are filled from the
+grammars' new states. Step t+1's sampler is then held, not dispatched: the next call schedules and builds
+step t+2 first and dispatches the sampler right before t+2's forward, so the device runs forward, sampler,
+forward back to back instead of idling after the sampler while the host builds the next step. Without the
+overlap schedule (or for a step with prompt logprobs) constrained steps are applied as they are
+dispatched.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+import jax
+import numpy as np
 
 from jaxserve.engine import host_read, prompt_logprobs
 from jaxserve.engine.kv_cache import KVCache
@@ -26,13 +32,21 @@ from jaxserve.engine.runner import Bucket, ModelRunner, Programs
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.split_step import fill_masks
 from jaxserve.engine.step_input import Buckets, ScheduledSeq, build_step_input
-from jaxserve.sampling import SampleOutput
+from jaxserve.sampling import SampleOutput, SamplingBatch
 from jaxserve.sampling.grammar import fill_bitmask
 
 
 def _clocks() -> tuple[float, float]:
     """(wall seconds, this thread's CPU seconds) now."""
     return time.perf_counter(), time.thread_time()
+
+
+class HeldSample(NamedTuple):
+    """A split step's sampler, not yet dispatched: the forward's logits and the sampling rows with their
+    masks filled."""
+
+    logits: jax.Array
+    sampling: SamplingBatch
 
 
 class Stepper(Protocol):
@@ -67,9 +81,10 @@ class PlainStepper:
                  max_running: int, overlap: bool = True) -> None:
         self.kv, self.runner, self.buckets, self.overlap = kv, runner, buckets, overlap
         self.scheduler = Scheduler(kv, max_tokens=max_tokens, max_running=max_running,
-                                   set_penalty_row=runner.set_penalty_row)
-        # dispatched, not applied: (batch, samples, the prompt logprobs when a request asked for them)
-        self.inflight: tuple[list[ScheduledSeq], SampleOutput, tuple | None] | None = None
+                                   set_penalty_row=self._set_penalty_row)
+        # dispatched, not applied: (batch, samples - or a split step's held sampler -, the prompt logprobs
+        # when a request asked for them)
+        self.inflight: tuple[list[ScheduledSeq], SampleOutput | HeldSample, tuple | None] | None = None
         self.stats = {"steps": 0, "host_s": 0.0, "host_cpu_s": 0.0, "device_wait_s": 0.0, "tokens_fed": 0}
 
     @property
@@ -90,6 +105,19 @@ class PlainStepper:
         """The plain step's bucket shapes (`ModelRunner.warm_plan`)."""
         return self.runner.warm_plan()
 
+    def _dispatch_held(self) -> None:
+        """Dispatch the step in flight's held sampler, if it has one. Runs before anything that must come
+        after it on the device: the next forward (it reads the sampled tokens), a penalty row written for
+        a new request (the row may be one the held sampler still counts a token into: a request that
+        finished a step earlier than the host knew), reading the samples."""
+        if self.inflight is not None and isinstance(self.inflight[1], HeldSample):
+            batch, held, prompt = self.inflight
+            self.inflight = (batch, self.runner.run_sample(held.logits, held.sampling), prompt)
+
+    def _set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
+        self._dispatch_held()
+        self.runner.set_penalty_row(row, prompt_ids, output_ids)
+
     def step(self) -> list[Request]:
         """Schedule and dispatch one step, then apply the results of the step before it (overlap) or of
         this one. Returns the requests that finished."""
@@ -101,6 +129,7 @@ class PlainStepper:
         if constrained and self.overlap:
             return self._split_step(t0)
         batch = [] if constrained and self.inflight is not None else self.scheduler.schedule()
+        self._dispatch_held()
         inflight, self.inflight = self.inflight, None
         if batch:
             prev_rows = {} if inflight is None else {
@@ -117,17 +146,22 @@ class PlainStepper:
         return self._apply(inflight, t0)
 
     def _split_step(self, t0: float) -> list[Request]:
-        """One constrained step under the overlap schedule: dispatch this step's forward, apply the step in
-        flight while it runs, then fill this step's masks and dispatch its sampler."""
+        """One constrained step under the overlap schedule: build this step, dispatch the held sampler of
+        the step in flight and this step's forward, apply the step in flight while the forward runs, then
+        fill this step's masks and hold its sampler for the next call."""
         batch = self.scheduler.schedule()
-        inflight, self.inflight = self.inflight, None
         if not batch:
+            self._dispatch_held()
+            inflight, self.inflight = self.inflight, None
             return self._apply(inflight, t0)
-        prev_rows = {} if inflight is None else {s.req: row for row, s in enumerate(inflight[0]) if s.samples}
+        prev_rows = {} if self.inflight is None else {
+            s.req: row for row, s in enumerate(self.inflight[0]) if s.samples}
         inp = build_step_input(batch, self.kv, self.buckets, prev_rows, masks=False)
         next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
         self.stats["steps"] += 1
         self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
+        self._dispatch_held()  # the step before's sampler, then this forward: it reads those samples
+        inflight, self.inflight = self.inflight, None
         logits = None
         if next_ids is None:
             logits = self.runner.run_forward(inp)
@@ -139,7 +173,8 @@ class PlainStepper:
                               for s in batch], inp.sampling.num_rows)
         sampling = fill_masks(inp.sampling, masks)
         if logits is not None:
-            self.inflight = (batch, self.runner.run_sample(logits, sampling), None)
+            # held: the next call builds its step first, then dispatches this sampler and its forward
+            self.inflight = (batch, HeldSample(logits, sampling), None)
             self._count_host(t0, _clocks())
             return finished
         # prompt logprobs need the fused all-positions program: dispatched now and applied at once
@@ -151,6 +186,8 @@ class PlainStepper:
         """Read a dispatched step's results and apply them (`t0`: when this step's host work began)."""
         if inflight is None:
             return []
+        if isinstance(inflight[1], HeldSample):
+            raise RuntimeError("a held sampler is dispatched before its step is applied")
         t1 = _clocks()
         out = inflight[1]
         token_ids, logprobs = host_read.to_host(out.token_ids, out.logprobs)

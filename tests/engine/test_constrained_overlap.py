@@ -66,6 +66,32 @@ def test_staggered_lengths_and_unconstrained_only_phases(engines):
     assert _texts(overlap, prompts, params) == _texts(sync, prompts, params)
 
 
+def test_penalty_rows_recycled_while_a_sampler_is_held(engines, monkeypatch):
+    """More requests than run at once, all with penalties: a request admitted while a split step's sampler
+    is held takes the penalty row of one that finished a step before the host knew, and that sampler
+    still counts a token into the row. The held sampler must run before the new row is written, or the
+    new request starts with a stray count (its output then differs from the synchronous path's)."""
+    overlap, sync = engines
+    n = 20
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    # a grammar that ends ("cats") finishes its request at a step the scheduler could not foresee
+    grammars = [{"regex": r"(cat|dog)s?"}, {"regex": "[a-z]{2,5}"}, {"regex": "[a-z ]+"}, {}]
+    params = [{"temperature": 0, "max_new_tokens": 3 + (7 * i) % 11, "frequency_penalty": 1.5,
+               "presence_penalty": 0.5, **grammars[i % len(grammars)]} for i in range(n)]
+    calls = []  # the runner's calls in dispatch order
+    for name in ("run_forward", "run_sample", "set_penalty_row"):
+        method = getattr(overlap.runner, name)
+        monkeypatch.setattr(overlap.runner, name,
+                            lambda *a, _m=method, _n=name: calls.append(_n) or _m(*a))
+    assert _texts(overlap, prompts, params) == _texts(sync, prompts, params)
+    assert calls.count("run_forward") == calls.count("run_sample") > 0
+    assert "set_penalty_row" in calls
+    pending = 0  # forwards whose sampler has not been dispatched: no penalty row may be written meanwhile
+    for name in calls:
+        pending += {"run_forward": 1, "run_sample": -1}.get(name, 0)
+        assert name != "set_penalty_row" or pending == 0, calls
+
+
 def test_new_grammars_compile_nothing_new(engines):
     overlap, _ = engines
     overlap.generate(PROMPTS, [{"max_new_tokens": 6, "regex": "[ab]+"}] * len(PROMPTS))  # warm
