@@ -18,6 +18,8 @@ dispatch, reading and applying the verdict; a wait for the device costs the thre
   <= 25%).
 - overlapped wall / device: the overlapped engine's wall per round over the device time (<= 1.1 when the
   overlap hides the host's work).
+- dispatch ms / round: the part of the host CPU spent in the call that dispatches the round's program
+  (argument signatures, packing, the executable call), each engine's own; dispatch / host is its share.
 
 On a CPU backend the device is XLA's threads on the same cores as the host thread: overlap cannot hide
 host work there when XLA keeps every core busy, and host CPU seconds run slower beside a busy device
@@ -36,7 +38,7 @@ from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.bench.speculative import prompts
 
-COUNTERS = ("round_steps", "round_wall_s", "round_host_cpu_s")
+COUNTERS = ("round_steps", "round_wall_s", "round_host_cpu_s", "round_dispatch_cpu_s")
 
 
 def timed_pass(engine: Engine, batch: list[list[int]], params: dict) -> dict[str, float]:
@@ -51,7 +53,7 @@ def timed_pass(engine: Engine, batch: list[list[int]], params: dict) -> dict[str
 def per_round_ms(passes: list[dict[str, float]]) -> dict[str, float]:
     """Median over passes of each pass's wall and host CPU ms per round."""
     return {kind: statistics.median(1e3 * p[f"round_{kind}"] / p["round_steps"] for p in passes)
-            for kind in ("wall_s", "host_cpu_s")}
+            for kind in ("wall_s", "host_cpu_s", "dispatch_cpu_s")}
 
 
 def summarize(overlap: list[dict[str, float]], sync: list[dict[str, float]]) -> dict[str, float]:
@@ -64,6 +66,9 @@ def summarize(overlap: list[dict[str, float]], sync: list[dict[str, float]]) -> 
             "overlap_wall_ms_per_round": round(o["wall_s"], 3),
             "sync_host_cpu_ms_per_round": round(s["host_cpu_s"], 3),
             "sync_wall_ms_per_round": round(s["wall_s"], 3),
+            "overlap_dispatch_cpu_ms_per_round": round(o["dispatch_cpu_s"], 3),
+            "sync_dispatch_cpu_ms_per_round": round(s["dispatch_cpu_s"], 3),
+            "overlap_dispatch_over_host": round(o["dispatch_cpu_s"] / o["host_cpu_s"], 3),
             "host_over_device": round(o["host_cpu_s"] / device, 3),
             "overlap_wall_over_device": round(o["wall_s"] / device, 3)}
 

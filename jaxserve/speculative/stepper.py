@@ -354,11 +354,13 @@ class EagleStepper:
         # the slot holds, i.e. its prediction for the token two positions on; -1 = never written
         self.slot_top1: np.ndarray | None = None
         # also per decode-step kind (round / plain): the steps' wall seconds and their main thread's CPU
-        # seconds (the host's work: waiting for the device costs no CPU time)
+        # seconds (the host's work: waiting for the device costs no CPU time); and the part of the rounds'
+        # CPU seconds spent in the call that dispatches an unconstrained round's program (argument
+        # signatures, packing, the executable call)
         self.stats = {"steps": 0, "prefill_steps": 0, "rounds": 0, "verified": 0, "accepted": 0,
                       "reached": 0, "tree_kv_moved": 0, "plain_decode_steps": 0, "round_steps": 0,
                       "draft_catch_ups": 0, "drafts_dropped": 0, "round_wall_s": 0.0, "round_host_cpu_s": 0.0,
-                      "plain_wall_s": 0.0, "plain_host_cpu_s": 0.0}
+                      "round_dispatch_cpu_s": 0.0, "plain_wall_s": 0.0, "plain_host_cpu_s": 0.0}
         # adaptive speculation: per decode step, plain (0 draft steps) or a full round (`policy`)
         choose_draft_steps(1, options=(0, num_steps), policy=policy)  # refuses an unknown policy now
         self.policy, self.disable_batch_size = policy, disable_batch_size
@@ -717,10 +719,12 @@ class EagleStepper:
         if any(r.grammar is not None for r in reqs):
             verdict, top1 = self._constrained(plan)
         else:
+            c0 = time.thread_time()
             (self.kv.pools, self.dpool, self.runner.penalties, self.states, self.shifts, verdict,
              top1) = self._fns(self.recording)[1].call(plan.bucket, (
                  self.tparams, self.dparams, self.kv.pools, self.dpool, self.runner.penalties, self.states,
                  self.shifts, self.emb, *plan.inputs), repad_round)
+            self.stats["round_dispatch_cpu_s"] += time.thread_time() - c0
         return _Round(reqs, plan.members, verdict, plan.meta, top1)
 
     def _constrained(self, plan: RoundPlan) -> tuple[Verdict, jax.Array]:

@@ -17,6 +17,10 @@ def test_round_host_reports_host_and_device_time_per_round():
     assert 0 < device < row["sync_wall_ms_per_round"]  # the wall holds the host's part and the device's
     for mode in ("overlap", "sync"):
         assert 0 < row[f"{mode}_host_cpu_ms_per_round"] <= row[f"{mode}_wall_ms_per_round"]
+        # the dispatch is part of the host's work per round
+        assert 0 < row[f"{mode}_dispatch_cpu_ms_per_round"] <= row[f"{mode}_host_cpu_ms_per_round"]
+    assert row["overlap_dispatch_over_host"] == pytest.approx(
+        row["overlap_dispatch_cpu_ms_per_round"] / row["overlap_host_cpu_ms_per_round"], rel=1e-2)
     assert row["host_over_device"] == pytest.approx(row["overlap_host_cpu_ms_per_round"] / device, rel=1e-2)
     assert row["overlap_wall_over_device"] == pytest.approx(row["overlap_wall_ms_per_round"] / device,
                                                             rel=1e-2)

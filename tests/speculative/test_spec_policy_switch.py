@@ -59,6 +59,7 @@ def test_policy_auto_runs_both_paths_and_stays_lossless():
     assert stats["plain_decode_steps"] > 0 and stats["round_steps"] > 0
     for kind in ("round", "plain"):  # each kind's host CPU: counted, and one thread's, so within its wall
         assert 0 < stats[f"{kind}_host_cpu_s"] <= stats[f"{kind}_wall_s"]
+    assert 0 < stats["round_dispatch_cpu_s"] <= stats["round_host_cpu_s"]  # the dispatch is host work
     engine.check_memory()
     engine.flush_cache()
 
