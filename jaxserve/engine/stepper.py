@@ -114,6 +114,13 @@ class PlainStepper:
             batch, held, prompt = self.inflight
             self.inflight = (batch, self.runner.run_sample(held.logits, held.sampling), prompt)
 
+    def _take_inflight(self) -> tuple | None:
+        """The step in flight, its held sampler dispatched (to be applied by the caller); nothing is in
+        flight afterwards."""
+        self._dispatch_held()
+        inflight, self.inflight = self.inflight, None
+        return inflight
+
     def _set_penalty_row(self, row: int, prompt_ids: np.ndarray, output_ids: list[int]) -> None:
         self._dispatch_held()
         self.runner.set_penalty_row(row, prompt_ids, output_ids)
@@ -129,8 +136,7 @@ class PlainStepper:
         if constrained and self.overlap:
             return self._split_step(t0)
         batch = [] if constrained and self.inflight is not None else self.scheduler.schedule()
-        self._dispatch_held()
-        inflight, self.inflight = self.inflight, None
+        inflight = self._take_inflight()
         if batch:
             prev_rows = {} if inflight is None else {
                 s.req: row for row, s in enumerate(inflight[0]) if s.samples}
@@ -151,17 +157,14 @@ class PlainStepper:
         fill this step's masks and hold its sampler for the next call."""
         batch = self.scheduler.schedule()
         if not batch:
-            self._dispatch_held()
-            inflight, self.inflight = self.inflight, None
-            return self._apply(inflight, t0)
+            return self._apply(self._take_inflight(), t0)
         prev_rows = {} if self.inflight is None else {
             s.req: row for row, s in enumerate(self.inflight[0]) if s.samples}
         inp = build_step_input(batch, self.kv, self.buckets, prev_rows, masks=False)
         next_ids = prompt_logprobs.next_token_ids(batch, inp.meta.num_tokens)
         self.stats["steps"] += 1
         self.stats["tokens_fed"] += sum(s.num_tokens for s in batch)
-        self._dispatch_held()  # the step before's sampler, then this forward: it reads those samples
-        inflight, self.inflight = self.inflight, None
+        inflight = self._take_inflight()  # the step before's sampler, then this forward: it reads its samples
         logits = None
         if next_ids is None:
             logits = self.runner.run_forward(inp)

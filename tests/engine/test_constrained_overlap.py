@@ -70,7 +70,8 @@ def test_penalty_rows_recycled_while_a_sampler_is_held(engines, monkeypatch):
     """More requests than run at once, all with penalties: a request admitted while a split step's sampler
     is held takes the penalty row of one that finished a step before the host knew, and that sampler
     still counts a token into the row. The held sampler must run before the new row is written, or the
-    new request starts with a stray count (its output then differs from the synchronous path's)."""
+    new request starts with a stray count (its output can then differ from the synchronous path's; the
+    runner's call order shows the rule held even where the stray count would not change a token)."""
     overlap, sync = engines
     n = 20
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
