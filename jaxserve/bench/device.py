@@ -1,10 +1,20 @@
-"""One command for an accelerator machine: the Pallas kernel against `native`, its speed, end to end.
+"""One command for an accelerator machine: the engine's serving targets, or the Pallas kernel's checks.
 
-    python -m jaxserve.bench.device                 # on a TPU or GPU: three stages, one summary table
-    python -m jaxserve.bench.device --budget-s 200  # the attention table's time budget (default 240 s)
-    python -m jaxserve.bench.device --tiny          # every stage at tiny sizes (on a CPU: interpret mode)
+    python -m jaxserve.bench.device                     # serving targets (`serving_lines`), one table
+    python -m jaxserve.bench.device --stages kernels    # the kernel: three stages, one summary table
+    python -m jaxserve.bench.device --budget-s 200      # the kernels' attention table's budget (240 s)
+    python -m jaxserve.bench.device --serving-budget-s 300  # no serving stage starts past it (420 s)
+    python -m jaxserve.bench.device --tiny              # every stage at tiny sizes (on a CPU: interpret mode)
 
-On a TPU it checks `pallas_tpu`, on a GPU `pallas_gpu`; on a CPU without `--tiny` it says there is no
+Each of `--stages kernels` and `--stages serving` is meant to fit one 10-minute command on an H100 or H200
+from a cold start (compiles included); `--stages kernels serving` runs both, in that order.
+
+Serving (`jaxserve.bench.serving_lines`): EAGLE-3 against plain decoding at batches 1 to 64, host time
+per EAGLE-3 round against its device time (on a served model's shapes and on the embedded model), the
+grammar mask's cost at batch 8, host time per decode step against context length; one line per target,
+`met` or `NOT met`.
+
+Kernels. On a TPU it checks `pallas_tpu`, on a GPU `pallas_gpu`; on a CPU without `--tiny` it says there is no
 accelerator and runs the correctness cases at small sizes with both kernels in Pallas interpret mode.
 
 Correctness: ragged steps of served-model shapes (gpt-oss: 64 query / 8 KV heads of 64, window 128 and
@@ -31,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.bench import gpt_oss_e2e
+from jaxserve.bench import gpt_oss_e2e, serving_lines
 from jaxserve.bench.attention import (
     FULL,
     KERNEL_BY_PLATFORM,
@@ -128,13 +138,30 @@ def main(argv: list[str] | None = None) -> None:
                         help="default: the platform's kernel (on a CPU both)")
     parser.add_argument("--e2e-backends", nargs="+", default=None,
                         help="the end-to-end stage's backends besides native (default: --kernels)")
+    parser.add_argument("--stages", nargs="+", choices=("kernels", "serving"), default=["serving"])
+    parser.add_argument("--serving-budget-s", type=float, default=420.0,
+                        help="no serving stage starts after this many seconds of the serving run")
     args = parser.parse_args(argv)
+    print(f"jax {jax.__version__}, platform {jax.default_backend()}, devices {jax.devices()}")
+    if "kernels" in args.stages:
+        kernel_stages(args)
+    if "serving" in args.stages and jax.default_backend() == "cpu" and not args.tiny:
+        print("no accelerator: the serving targets are judged on a TPU or GPU (--tiny runs every serving "
+              "stage at tiny sizes; each `jaxserve.bench` module runs on a CPU at its own sizes)")
+    elif "serving" in args.stages:
+        started = time.perf_counter()
+        lines = serving_lines.run(tiny=args.tiny, budget_s=args.serving_budget_s)
+        print(f"\n{serving_lines.summary(lines)}")
+        print(f"serving total {time.perf_counter() - started:.0f} s")
+
+
+def kernel_stages(args: argparse.Namespace) -> None:
+    """Kernel correctness, the attention timing table and the end-to-end decode (see the module docstring)."""
     started = time.perf_counter()
     platform = jax.default_backend()
     kernel = KERNEL_BY_PLATFORM.get(platform)
     kernels = args.kernels or ([kernel] if kernel else ["pallas_tpu", "pallas_gpu"])
     interpret = kernel is None
-    print(f"jax {jax.__version__}, platform {platform}, devices {jax.devices()}")
     if interpret and not args.tiny:
         print("no accelerator: interpret-mode correctness check of both kernels at small sizes "
               "(--tiny runs every stage)")

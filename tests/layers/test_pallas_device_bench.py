@@ -1,6 +1,6 @@
-"""`python -m jaxserve.bench.device` is ready for an accelerator: `--tiny` runs its three stages here at
-tiny sizes: correctness against native and `bench.attention`'s timing table with a kernel in interpret
-mode, the end-to-end EAGLE-3 decode of a random gpt-oss on `xla` (each kernel's engine runs are
+"""`python -m jaxserve.bench.device --stages kernels` is ready for an accelerator: `--tiny` runs its three
+stages here at tiny sizes: correctness against native and `bench.attention`'s timing table with a kernel
+in interpret mode, the end-to-end EAGLE-3 decode of a random gpt-oss on `xla` (each kernel's engine runs are
 test_pallas_end_to_end's: compiling them again here would double the cost), then the summary table."""
 
 import dataclasses
@@ -22,7 +22,7 @@ def test_device_bench_tiny_runs_every_stage_and_summarises(monkeypatch, capsys):
     monkeypatch.setattr(device, "correctness_cases", lambda small: [(_tiny(cases[0][0]), step)])
     monkeypatch.setattr(device, "QUICK", attention.Sizes(batches=(2,), contexts=(40,), chunk=8))
     monkeypatch.setattr(gpt_oss_e2e, "TINY_SIZES", dict(batch=1, prompt_len=24, new_tokens=3, chunk=16))
-    device.main(["--tiny", "--kernels", "pallas_gpu", "--e2e-backends", "xla", "--repeats", "1",
+    device.main(["--tiny", "--stages", "kernels", "--kernels", "pallas_gpu", "--e2e-backends", "xla", "--repeats", "1",
                  "--layers", "3"])
     out = capsys.readouterr().out
     lines = out.splitlines()

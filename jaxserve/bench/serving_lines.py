@@ -1,0 +1,155 @@
+"""The serving stage of `python -m jaxserve.bench.device`: the engine's own targets, measured on the machine.
+
+Each stage runs one benchmark module in this process and turns its figures into target lines:
+- `speculative`: `bench.speculative`, policy auto, batches 1, 8, 32 and 64. EAGLE-3 / plain tokens/s per
+  batch, as the ratio of the medians and paired (>= 2 at batch 1, >= 1 above); outputs identical; no
+  compilation in a timed pass.
+- `round_host_served`: `bench.round_host --random-layers 4` (gpt-oss-20b's shapes, random weights), batch
+  32. Host CPU per round over the round's device time (<= 0.25); overlapped wall over device (<= 1.1).
+- `round_host_embedded`: the same two lines on the embedded checkpoint.
+- `grammar`: `bench.grammar`, batch 8. Regex / plain tokens/s under overlap (>= 0.9: the mask costs at
+  most 10%).
+- `host_cost`: `bench.host_cost`, batch 32. Host time per decode step at 4,096 tokens over at 128, host
+  only and in the engine (<= 1.2).
+
+The targets are what the engine promises its users; a line says `met` or `NOT met` for the figure this run
+measured (every figure is a ratio of two sides measured in the same run). A stage that raises is reported
+with its error and the stages after it still run; a stage that would start past `budget_s` seconds is
+skipped and says so (the budget is checked between stages, so a run can end a stage's length past it).
+
+`tiny`: every stage at tiny sizes (a CPU runs them in a few minutes; for tests: the figures judge nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+STAGE_ORDER = ("speculative", "round_host_served", "round_host_embedded", "grammar", "host_cost")
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """One target line: what was measured, the figure (None: no figure), the target as text, whether the
+    figure meets it (None: not judged), and a remark (the stage's error, or why it was skipped)."""
+
+    stage: str
+    what: str
+    value: float | None
+    target: str
+    met: bool | None
+    remark: str = ""
+
+
+def _at_least(stage: str, what: str, value: float, bound: float) -> Line:
+    return Line(stage, what, value, f">= {bound:g}", value >= bound)
+
+
+def _at_most(stage: str, what: str, value: float, bound: float) -> Line:
+    return Line(stage, what, value, f"<= {bound:g}", value <= bound)
+
+
+def speculative(tiny: bool) -> list[Line]:
+    from jaxserve.bench import speculative as bench
+
+    argv = (["--batch-sizes", "1", "4", "--output-len", "8", "--repeats", "1"] if tiny
+            else ["--batch-sizes", "1", "8", "32", "64", "--repeats", "5"])
+    lines = []
+    for bs, row in bench.main(argv).items():
+        bound = 2.0 if bs == 1 else 1.0
+        choices = row["policy_choices"]
+        what = f"EAGLE-3 / plain tok/s, batch {bs}"
+        lines.append(_at_least("speculative", f"{what}, medians", row["speedup"], bound))
+        lines.append(dataclasses.replace(
+            _at_least("speculative", f"{what}, paired", row["speedup_paired"], bound),
+            remark=f"{choices.get('round_steps', 0)} rounds, {choices.get('plain_decode_steps', 0)} plain "
+                   f"steps, {choices.get('drafts_dropped', 0)} drafts dropped"))
+        lines.append(Line("speculative", f"outputs identical, batch {bs}", None, "yes",
+                          bool(row["identical_outputs"])))
+        compiles = sum(row["compiles_during_timing"].values())
+        lines.append(_at_most("speculative", f"compilations in timed passes, batch {bs}", compiles, 0))
+    return lines
+
+
+def _round_host(stage: str, argv: list[str]) -> list[Line]:
+    from jaxserve.bench import round_host
+
+    row = round_host.main(argv)
+    remark = (f"{row['model']}: host {row['overlap_host_cpu_ms_per_round']} ms, device "
+              f"{row['device_ms_per_round']} ms per round at batch {row['batch_size']}")
+    return [dataclasses.replace(_at_most(stage, "host CPU / device per round", row["host_over_device"], 0.25),
+                                remark=remark),
+            _at_most(stage, "overlapped wall / device per round", row["overlap_wall_over_device"], 1.1)]
+
+
+def round_host_served(tiny: bool) -> list[Line]:
+    size = ["--random-layers", "2", "--tiny", "--batch-size", "2", "--output-len", "12", "--repeats", "1"]
+    return _round_host("round_host_served",
+                       size if tiny else ["--random-layers", "4", "--batch-size", "32", "--repeats", "3"])
+
+
+def round_host_embedded(tiny: bool) -> list[Line]:
+    return _round_host("round_host_embedded", ["--batch-size", "2", "--output-len", "12", "--repeats", "1"]
+                       if tiny else ["--batch-size", "32", "--repeats", "5"])
+
+
+def grammar(tiny: bool) -> list[Line]:
+    from jaxserve.bench import grammar as bench
+
+    row = bench.main(["--batch", "2", "--max-new-tokens", "16", "--repeats", "2"] if tiny
+                     else ["--batch", "8"])
+    what = f"regex / plain tok/s, batch {row['batch']}, overlap"
+    return [dataclasses.replace(
+        _at_least("grammar", what, row["regex_over_plain"], 0.9),
+        remark=f"ratio of medians {row['regex_over_plain_of_medians']}, without overlap "
+               f"{row['regex_over_plain_sync']} (regex / plain)")]
+
+
+def host_cost(tiny: bool) -> list[Line]:
+    from jaxserve.bench import host_cost as bench
+
+    argv = (["--batch-size", "2", "--contexts", "16", "64", "--steps", "4", "--repeats", "1"] if tiny
+            else ["--batch-size", "32"])
+    row = bench.main(argv)
+    short, long = sorted(row["host_only_ratio_to_shortest"])  # contexts in tokens
+    what = f"host per decode step, {long} / {short} tokens"
+    return [_at_most("host_cost", f"{what}, host only", row["host_only_ratio_to_shortest"][long], 1.2),
+            _at_most("host_cost", f"{what}, engine CPU", row["engine_host_cpu_ratio_to_shortest"][long], 1.2)]
+
+
+STAGES: dict[str, Callable[[bool], list[Line]]] = {
+    "speculative": speculative, "round_host_served": round_host_served,
+    "round_host_embedded": round_host_embedded, "grammar": grammar, "host_cost": host_cost}
+
+
+def run(*, tiny: bool = False, budget_s: float = 420.0, stages: tuple[str, ...] = STAGE_ORDER) -> list[Line]:
+    """Run `stages` in order within `budget_s` seconds (see the module docstring); every stage's lines.
+    Raises ValueError (before running any) for a name not in `STAGES`."""
+    unknown = [name for name in stages if name not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown serving stages {unknown}; known: {list(STAGES)}")
+    started, lines = time.perf_counter(), []
+    for name in stages:
+        elapsed = time.perf_counter() - started
+        if elapsed > budget_s:
+            remark = f"skipped: {elapsed:.0f} s of {budget_s:.0f} used"
+            lines.append(Line(name, "(stage)", None, "", None, remark))
+            continue
+        print(f"\n== serving stage {name} ({elapsed:.0f} s in)", flush=True)
+        try:
+            lines += STAGES[name](tiny)
+        except Exception as exc:  # reported in the summary; the next stages still run
+            lines.append(Line(name, "(stage)", None, "", None, f"FAILED {type(exc).__name__}: {exc}"))
+    return lines
+
+
+def summary(lines: list[Line]) -> str:
+    """The lines as one table: stage, what, figure, target, met / NOT met / -, remark."""
+    rows = [f"{'stage':<27} {'what':<50} {'figure':>8} {'target':>7}  result"]
+    for ln in lines:
+        value = "" if ln.value is None else f"{ln.value:.3f}" if isinstance(ln.value, float) else ln.value
+        result = "-" if ln.met is None else "met" if ln.met else "NOT met"
+        remark = f"  ({ln.remark})" if ln.remark else ""
+        rows.append(f"{ln.stage:<27} {ln.what:<50} {value!s:>8} {ln.target:>7}  {result}{remark}")
+    return "\n".join(rows)
