@@ -6,6 +6,9 @@ prompt: they match the cached prefix and recompute only its partial last page, s
 once (the tree's pages, locked by every choice) and each choice allocates only its own output. Choice i of a
 request with `seed` s samples with seed s + i; without a seed each choice draws its own from the engine.
 With the radix cache disabled the forks prefill again (still correct, no sharing).
+
+`best_of` (completions): `best_of` choices are sampled the same way and `best` keeps the n whose output
+tokens have the highest mean logprob (the logprob of each token under the distribution it was drawn from).
 """
 
 from __future__ import annotations
@@ -35,6 +38,19 @@ class _Replay:
 def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:
     """Sampling params of choice `index`: the request's, with seed + index when a seed is given."""
     return {**params, "seed": params["seed"] + index} if "seed" in params and index else params
+
+
+def mean_logprob(meta: dict) -> float:
+    """Mean logprob per output token of a finished choice (`output_token_logprobs`); 0.0 without tokens."""
+    logprobs = [lp for lp, _ in meta["output_token_logprobs"]]
+    return sum(logprobs) / len(logprobs) if logprobs else 0.0
+
+
+def best(metas: Sequence[dict], n: int) -> list[int]:
+    """Indices of the `n` choices (of one prompt) with the highest `mean_logprob`, best first; a tie keeps
+    the earlier choice first."""
+    scores = [mean_logprob(m) for m in metas]
+    return sorted(range(len(metas)), key=lambda i: (-scores[i], i))[:n]
 
 
 async def _first_event(loop: EngineLoop, rid: str, events: asyncio.Queue, request: Request | None) -> Any:

@@ -189,23 +189,32 @@ class CompletionRequest(_OpenAISampling):
     """`/v1/completions`: one prompt or a list (text or token ids; n choices each, in prompt-major order);
     `max_tokens` defaults to 16 as in OpenAI. `logprobs: k` reports each token's logprob and the k most
     likely ones; `echo` prepends the prompt to the text (with `logprobs`, the prompt tokens' logprobs come
-    first: the first token's is null)."""
+    first: the first token's is null). `best_of` (>= n, not streamed when > n): that many candidates per
+    prompt are sampled (the prompt prefilled once, as for `n`), and the n with the highest mean logprob
+    per output token are returned, best first; usage counts every candidate's tokens."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
-    best_of: StrictInt | None = None
+    best_of: StrictInt | None = Field(default=None, ge=1, le=MAX_N)
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
         if not self.prompts:
             raise ValueError("the prompt list is empty")
-        if len(self.prompts) * self.n > MAX_BATCH:
-            raise ValueError(f"{len(self.prompts)} prompts x n={self.n} choices; at most {MAX_BATCH}")
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of other than n is not supported (every choice is returned)")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of={self.best_of} must be at least n={self.n}")
+        if len(self.prompts) * self.candidates > MAX_BATCH:
+            raise ValueError(f"{len(self.prompts)} prompts x {self.candidates} choices; at most {MAX_BATCH}")
+        if self.stream and self.candidates > self.n:
+            raise ValueError("best_of > n cannot be streamed (the best choices are known only at the end)")
         return self
+
+    @property
+    def candidates(self) -> int:
+        """Choices sampled per prompt: `best_of` when given, else `n`."""
+        return self.n if self.best_of is None else self.best_of
 
     @property
     def prompts(self) -> list[str] | list[list[int]]:
@@ -223,6 +232,8 @@ class CompletionRequest(_OpenAISampling):
             params.update(return_logprob=True, top_logprobs_num=self.logprobs)
             if self.echo:
                 params["prompt_logprobs"] = True
+        elif self.candidates > self.n:  # the ranking reads each token's logprob (not returned)
+            params.update(return_logprob=True, top_logprobs_num=0)
         return params
 
 

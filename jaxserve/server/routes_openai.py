@@ -135,9 +135,10 @@ async def completions(body: CompletionRequest, request: Request):
         tokenizer = _tokenizer(state)
         echoes = [p if is_text else tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
     handles = await parallel.submit(state.loop, prompts if is_text else None, None if is_text else prompts,
-                                    params, body.n, request)
+                                    params, body.candidates, request)
     reply = _Reply(state, body, chat=False, echoes=[e for e in echoes for _ in range(body.n)])
-    return await reply.respond([h for per_prompt in handles for h in per_prompt], request)
+    return await reply.respond([h for per_prompt in handles for h in per_prompt], request,
+                               best_of=body.candidates)
 
 
 @router.post("/v1/chat/completions")
@@ -186,10 +187,18 @@ class _Reply:
             return openai_logprobs.chat_logprobs(items, self.token_text)
         return openai_logprobs.completion_logprobs(items, self.token_text, offset)
 
-    async def respond(self, handles: list[parallel.Handle], request: Request):
+    async def respond(self, handles: list[parallel.Handle], request: Request, *, best_of: int = 0):
+        """The response over `handles`: prompt-major, `best_of` choices per prompt (0: n). With more than
+        n, each prompt's n best are returned (`parallel.best`); such a request is never streamed."""
         if self.body.stream:
             return StreamingResponse(self._stream(handles), media_type="text/event-stream")
-        events = await streaming.collect_all(self.state.loop, handles, request)
+        n = self.body.n
+        every = await streaming.collect_all(self.state.loop, handles, request)
+        per = best_of or n
+        usage = _usage([e.meta_info for e in every], per)
+        events = every if per == n else [
+            group[i] for group in (every[k:k + per] for k in range(0, len(every), per))
+            for i in parallel.best([e.meta_info for e in group], n)]
         choices = []
         for index, event in enumerate(events):
             meta, reason = event.meta_info, _finish_reason(event.meta_info)
@@ -207,7 +216,7 @@ class _Reply:
                 choices.append({"index": index, "text": echo + event.text, "logprobs": logprobs,
                                 "finish_reason": reason})
         return {**self.head, "object": "chat.completion" if self.chat else "text_completion",
-                "choices": choices, "usage": _usage([e.meta_info for e in events], self.body.n)}
+                "choices": choices, "usage": usage}
 
     def _chunk(self, index: int, text: str | None, reason: str | None, logprobs: dict | None, *,
                role: bool = False) -> str:

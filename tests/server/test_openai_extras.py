@@ -22,7 +22,9 @@ BAD = [
     ({"prompt": "x", "suffix": "y"}, "unknown field 'suffix'"),  # changes the output: still refused
     ({"prompt": "x", "logit_bias": {"1": 200}}, "[-100, 100]"),
     ({"prompt": "x", "n": 0}, "n"),
-    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "n": 3, "best_of": 2}, "best_of=2 must be at least n=3"),
+    ({"prompt": "x", "n": 2, "best_of": 3, "stream": True}, "best_of > n cannot be streamed"),
+    ({"prompt": ["a"] * 65, "best_of": 4}, "at most 256"),
 ]
 
 
@@ -89,6 +91,33 @@ def test_seeded_choices_differ_and_repeat(oai):
     a = [c.text for c in oai.completions.create(**kwargs).choices]
     b = [c.text for c in oai.completions.create(**kwargs).choices]
     assert a == b and len(set(a)) > 1  # choice i samples with seed + i
+
+
+def test_best_of_returns_the_candidates_with_the_highest_mean_logprob(oai):
+    """best_of = 4, n = 2 over two prompts: per prompt, the two of the four seeded candidates (the same ones
+    n = 4 samples, choice i with seed + i) whose output tokens have the highest mean logprob, best first;
+    usage counts all four; logprobs appear only when asked for."""
+    kwargs = dict(model="any", prompt=["The quick brown fox", "Hello"], max_tokens=8, temperature=1.0,
+                  seed=11)
+    every = oai.completions.create(n=4, logprobs=0, **kwargs).choices
+    got = oai.completions.create(n=2, best_of=4, **kwargs)
+    with_logprobs = oai.completions.create(n=2, best_of=4, logprobs=0, **kwargs).choices
+    want, want_means = [], []
+    for prompt in range(2):
+        candidates = every[4 * prompt: 4 * prompt + 4]
+        means = [float(np.mean(c.logprobs.token_logprobs)) for c in candidates]
+        # the ranking decides something (and no two candidates are close enough for float noise to swap)
+        assert min(np.diff(sorted(means))) > 1e-3
+        order = sorted(range(4), key=lambda i: -means[i])[:2]
+        want += [candidates[i].text for i in order]
+        want_means += [means[i] for i in order]
+    assert [c.text for c in got.choices] == want == [c.text for c in with_logprobs]
+    assert [c.index for c in got.choices] == [0, 1, 2, 3] and all(c.logprobs is None for c in got.choices)
+    np.testing.assert_allclose([np.mean(c.logprobs.token_logprobs) for c in with_logprobs], want_means,
+                               atol=1e-5)  # other batch shapes: float noise
+    full = oai.completions.create(n=4, **kwargs).usage
+    assert (got.usage.completion_tokens, got.usage.prompt_tokens) == (full.completion_tokens,
+                                                                       full.prompt_tokens)
 
 
 def _counter(client, name: str) -> float:
