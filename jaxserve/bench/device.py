@@ -3,7 +3,7 @@
     python -m jaxserve.bench.device                     # serving targets (`serving_lines`), one table
     python -m jaxserve.bench.device --stages kernels    # the kernel: three stages, one summary table
     python -m jaxserve.bench.device --budget-s 200      # the kernels' attention table's budget (240 s)
-    python -m jaxserve.bench.device --serving-budget-s 300  # no serving stage starts past it (420 s)
+    python -m jaxserve.bench.device --serving-budget-s 300  # no serving stage starts past it (360 s)
     python -m jaxserve.bench.device --tiny              # every stage at tiny sizes (on a CPU: interpret mode)
 
 Each of `--stages kernels` and `--stages serving` is meant to fit one 10-minute command on an H100 or H200
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--e2e-backends", nargs="+", default=None,
                         help="the end-to-end stage's backends besides native (default: --kernels)")
     parser.add_argument("--stages", nargs="+", choices=("kernels", "serving"), default=["serving"])
-    parser.add_argument("--serving-budget-s", type=float, default=420.0,
+    parser.add_argument("--serving-budget-s", type=float, default=360.0,
                         help="no serving stage starts after this many seconds of the serving run")
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, platform {jax.default_backend()}, devices {jax.devices()}")

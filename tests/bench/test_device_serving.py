@@ -24,7 +24,7 @@ def _judge(figure: str, op: str, bound: str) -> bool:
 def test_serving_stage_runs_every_benchmark_and_judges_each_line(capsys):
     device.main(["--tiny"])
     out = capsys.readouterr().out
-    table = out[out.index("\nstage "):].splitlines()[2:]
+    table = out[out.rindex("\nstage "):].splitlines()[2:]  # the final table (each stage's came before)
     rows = [ROW.match(line) for line in table if not line.startswith("serving total")]
     assert all(rows), [line for line, row in zip(table, rows, strict=False) if not row]
     stages = [row[1] for row in rows]
@@ -36,6 +36,7 @@ def test_serving_stage_runs_every_benchmark_and_judges_each_line(capsys):
     identical = [row for row in rows if row[2].startswith("outputs identical")]
     assert [row[6] for row in identical] == ["met", "met"]  # EAGLE-3 is lossless at every batch
     assert "random embedded shapes" in out and "no accelerator" not in out
+    assert out.count("\nstage ") == 6  # each stage's table as it ended, then all of them
 
 
 def test_budget_skips_later_stages_and_a_failing_stage_does_not_stop_the_rest(monkeypatch):

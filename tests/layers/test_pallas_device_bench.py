@@ -22,8 +22,8 @@ def test_device_bench_tiny_runs_every_stage_and_summarises(monkeypatch, capsys):
     monkeypatch.setattr(device, "correctness_cases", lambda small: [(_tiny(cases[0][0]), step)])
     monkeypatch.setattr(device, "QUICK", attention.Sizes(batches=(2,), contexts=(40,), chunk=8))
     monkeypatch.setattr(gpt_oss_e2e, "TINY_SIZES", dict(batch=1, prompt_len=24, new_tokens=3, chunk=16))
-    device.main(["--tiny", "--stages", "kernels", "--kernels", "pallas_gpu", "--e2e-backends", "xla", "--repeats", "1",
-                 "--layers", "3"])
+    device.main(["--tiny", "--stages", "kernels", "--kernels", "pallas_gpu", "--e2e-backends", "xla",
+                 "--repeats", "1", "--layers", "3"])
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert sum(ln.endswith("  ok") for ln in lines) == 2 and "MISMATCH" not in out and "FAILED" not in out
