@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", nargs="+", choices=("kernels", "serving"), default=["serving"])
     parser.add_argument("--serving-budget-s", type=float, default=360.0,
                         help="no serving stage starts after this many seconds of the serving run")
+    parser.add_argument("--served-layers", type=int, default=4,
+                        help="layers of the gpt-oss-20b-shaped model the serving stage times rounds on")
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, platform {jax.default_backend()}, devices {jax.devices()}")
     if "kernels" in args.stages:
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
               "stage at tiny sizes; each `jaxserve.bench` module runs on a CPU at its own sizes)")
     elif "serving" in args.stages:
         started = time.perf_counter()
-        lines = serving_lines.run(tiny=args.tiny, budget_s=args.serving_budget_s)
+        lines = serving_lines.run(tiny=args.tiny, budget_s=args.serving_budget_s,
+                                  served_layers=args.served_layers)
         print(f"\n{serving_lines.summary(lines)}")
         print(f"serving total {time.perf_counter() - started:.0f} s")
 

@@ -58,6 +58,10 @@ def test_budget_skips_later_stages_and_a_failing_stage_does_not_stop_the_rest(mo
     assert lines[1].value == 0.95
     lines = serving_lines.run(tiny=True, budget_s=-1.0, stages=("speculative", "grammar"))
     assert calls == ["boom", "fine"] and all(ln.remark.startswith("skipped") for ln in lines)
+    seen = []  # --served-layers reaches the served-shapes stage's model
+    monkeypatch.setattr(serving_lines, "_round_host", lambda stage, argv: seen.append(argv) or [])
+    serving_lines.run(stages=("round_host_served",), served_layers=12)
+    assert seen == [["--random-layers", "12", "--batch-size", "32", "--repeats", "3"]]
     with pytest.raises(ValueError, match="unknown serving stages"):
         serving_lines.run(stages=("grammar", "kernels"))
     assert "NOT met" in serving_lines.summary([serving_lines.Line("s", "w", 1.3, "<= 1.2", False)])
