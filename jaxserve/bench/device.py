@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", nargs="+", choices=("kernels", "serving"), default=["serving"])
     parser.add_argument("--serving-budget-s", type=float, default=360.0,
                         help="no serving stage starts after this many seconds of the serving run")
-    parser.add_argument("--served-layers", type=int, default=4,
+    parser.add_argument("--served-layers", type=int, default=12,
                         help="layers of the gpt-oss-20b-shaped model the serving stage times rounds on")
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, platform {jax.default_backend()}, devices {jax.devices()}")

@@ -49,6 +49,7 @@ from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.bench import gpt_oss_e2e
 from jaxserve.bench.speculative import prompts
 from jaxserve.layers.backends import DEFAULT_BACKEND
+from jaxserve.models.decoder import scan_layers
 
 COUNTERS = ("round_steps", "round_wall_s", "round_host_cpu_s", "round_dispatch_cpu_s")
 
@@ -92,6 +93,7 @@ def random_engines(num_layers: int, tiny: bool, batch_size: int, output_len: int
     `batch_size` random 48-token prompts."""
     target_raw, head_raw = gpt_oss_e2e.configs(num_layers, tiny)
     model, draft = gpt_oss_e2e.build(DEFAULT_BACKEND, target_raw, head_raw)
+    model = scan_layers(model)  # stacked once here: each engine would stack its own copy of the layers
     prompt_len, page_size = 48, 16
     longest = prompt_len + output_len + num_steps + 2
     pages = -(-longest // page_size) + 1
