@@ -23,6 +23,10 @@ passes of the two sides alternating (on a shared machine the load moves between 
   whose free list is an array copied whole on every free (SGLang's `torch.cat`). It skips SGLang's
   per-call overheads that do not belong to the algorithm (RadixKey objects, torch dispatch, events), so it
   is if anything faster than the real classes.
+- `x real`: against SGLang 0.5.3.post1's own `RadixCache` / `SWARadixCache`, token allocators and
+  request-to-token pool, run from its sources (`sglang_reference`; `scripts/setup.sh` installs them,
+  `--sglang-sources` points elsewhere), on the whole request path at page size 1 (its paged allocator
+  needs a GPU). `matched` equal to ours says both trees reused the same prefixes.
 - `x naive`: against a trie with one dict per token (no eviction, no allocator), match + insert only.
 """
 
@@ -34,10 +38,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count, pairwise
+from pathlib import Path
 
 import numpy as np
 
 from cache import CachedReq, RadixCache
+from jaxserve.bench import sglang_reference
 from jaxserve.memory import AllocatorFacade, SWAAllocatorFacade, make_allocator, make_swa_allocator
 
 POOL_SLOTS = 2**19
@@ -733,6 +739,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tree-only", action="store_true", help="time only match_prefix + insert")
     parser.add_argument("--wall-clock", action="store_true", help="time with perf_counter, not CPU time")
     parser.add_argument("--repeats", type=int, default=3, help="passes per row and side; the best is kept")
+    parser.add_argument("--sglang-sources", type=Path, default=sglang_reference.default_sources(),
+                        help="directory holding SGLang 0.5.3.post1's `sglang` package: its own caches are "
+                             "run too, page size 1, whole request path (default: where scripts/setup.sh "
+                             "installs them)")
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.perf_counter if args.wall_clock else time.process_time
@@ -740,9 +750,16 @@ def main(argv: list[str] | None = None) -> None:
     timed = "match_prefix + insert only" if args.tree_only else "whole request path"
     print(f"workload: {len(requests)} requests, {sum(t.shape[0] for t in requests):,} tokens, "
           f"pool {POOL_SLOTS} slots, W={SLIDING_WINDOW}, clock={CLOCK.__name__}, timed: {timed}")  # fmt: skip
+    ref = None
+    if not args.tree_only:
+        try:
+            ref = sglang_reference.load(args.sglang_sources)
+        except (FileNotFoundError, ValueError, ImportError) as exc:
+            print(f"SGLang's own caches: not run ({exc})")
     header = (
         f"{'tree':4} {'P':>3} {'EAGLE':5} | {'ours ops/s':>10} {'us/req':>7} {'matched':>10} | "
-        f"{'sgl ops/s':>9} {'matched':>10} {'x sgl':>6} | {'naive ops/s':>11} {'x naive':>7}"
+        f"{'sgl ops/s':>9} {'matched':>10} {'x sgl':>6} | {'real ops/s':>10} {'matched':>10} {'x real':>6} | "
+        f"{'naive ops/s':>11} {'x naive':>7}"
     )
     print(header + "\n" + "-" * len(header))
     ours_fn, sgl_fn = (run_ours_tree_only, run_sglang_style_tree_only) if args.tree_only else (
@@ -751,16 +768,24 @@ def main(argv: list[str] | None = None) -> None:
     for kind in args.trees.split(","):
         for page_size in (int(p) for p in args.page_sizes.split(",")):
             for eagle in (False, True):
-                ours = sgl = None
-                for _ in range(args.repeats):  # alternate the two, so both see the same machine load
+                ours = sgl = real = None
+                for _ in range(args.repeats):  # alternate the sides, so all see the same machine load
                     ours = best_of(ours, ours_fn(kind, page_size, eagle, requests))
                     sgl = best_of(sgl, sgl_fn(kind, page_size, eagle, requests))
+                    if ref is not None and page_size == 1:
+                        seconds, matched = sglang_reference.run(
+                            ref, kind, eagle, requests, num_slots=POOL_SLOTS, sliding_window=SLIDING_WINDOW,
+                            clock=CLOCK)
+                        real = best_of(real, RowResult(seconds, matched, len(requests)))
                 if (page_size, eagle) not in naive:
                     naive[page_size, eagle] = run_naive(page_size, eagle, requests)
                 base = naive[page_size, eagle]
+                versus_real = (f"{real.ops:10.1f} {real.matched_slots:10,d} {ours.ops / real.ops:6.1f}"
+                               if real is not None else f"{'-':>10} {'-':>10} {'-':>6}")
                 print(f"{kind:4} {page_size:3d} {eagle!s:5} | {ours.ops:10.1f} {1e6 / ours.ops:7.1f} "
                       f"{ours.matched_slots:10,d} | {sgl.ops:9.1f} {sgl.matched_slots:10,d} "
-                      f"{ours.ops / sgl.ops:6.1f} | {base.ops:11.1f} {ours.ops / base.ops:7.1f}")  # fmt: skip
+                      f"{ours.ops / sgl.ops:6.1f} | {versus_real} | {base.ops:11.1f} "
+                      f"{ours.ops / base.ops:7.1f}")  # fmt: skip
     print(*scaling_rows(), sep="\n")
 
 

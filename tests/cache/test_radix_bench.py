@@ -65,6 +65,9 @@ def test_bench_cli_prints_same_run_ratios(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert "full   1 False" in out and "full   1 True" in out and "4,096 tokens / 64 nodes" in out
     assert "x sgl" in out and "whole request path" in out
+    for line in (ln for ln in out.splitlines() if ln.startswith("full   1 ")):
+        ours, _, real = (part.split() for part in line.split("|")[1:4])
+        assert real[1] == ours[2] and float(real[2]) > 0  # SGLang's own tree reused the same slots
     bench.main(["--requests", "20", "--trees", "swa", "--page-sizes", "16", "--tree-only"])
     out = capsys.readouterr().out
     assert "swa   16 False" in out and "match_prefix + insert only" in out
