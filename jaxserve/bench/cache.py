@@ -103,13 +103,7 @@ def make_tree(kind: str, page_size: int, eagle: bool):
 def _make_room(tree, num_slots: int) -> None:
     """`KVCache._make_room`: evict what the allocator is short of `num_slots`."""
     alloc = tree.allocator
-    if isinstance(alloc, SWAAllocatorFacade):
-        full_short = num_slots - alloc.full_available_size()
-        swa_short = num_slots - alloc.swa_available_size()
-        if full_short > 0 or swa_short > 0:
-            tree.evict(max(full_short, 0), max(swa_short, 0))
-    elif (short := num_slots - alloc.available_size()) > 0:
-        tree.evict(short)
+    sglang_reference.evict_shortfall(tree, alloc, num_slots, hybrid=isinstance(alloc, SWAAllocatorFacade))
 
 
 def run_ours_request(tree, prompt: np.ndarray, tokens: np.ndarray) -> int:

@@ -130,6 +130,19 @@ def make_tree(ref: types.SimpleNamespace, kind: str, eagle: bool, num_slots: int
     return ref.SWARadixCache(pool, alloc, sliding_window, page_size=1, is_eagle=eagle), alloc, pool
 
 
+def evict_shortfall(tree, alloc, num_slots: int, *, hybrid: bool) -> None:
+    """Evict from `tree` what `alloc` is short of `num_slots` free slots (`hybrid`: on each of the full and
+    sliding-window sides), our `KVCache`'s rule. The same call serves our trees and SGLang's, whose
+    allocators answer the same size queries."""
+    if hybrid:
+        full_short = num_slots - alloc.full_available_size()
+        swa_short = num_slots - alloc.swa_available_size()
+        if full_short > 0 or swa_short > 0:
+            tree.evict(max(full_short, 0), max(swa_short, 0))
+    elif (short := num_slots - alloc.available_size()) > 0:
+        tree.evict(short)
+
+
 def run(ref: types.SimpleNamespace, kind: str, eagle: bool, requests: list[np.ndarray], *, num_slots: int,
         sliding_window: int, clock=time.process_time, reused: list[int] | None = None) -> tuple[float, int]:
     """(seconds on `clock`, slots reused from the tree) over `requests` (prompts), as the module docstring
@@ -146,13 +159,7 @@ def run(ref: types.SimpleNamespace, kind: str, eagle: bool, requests: list[np.nd
         prefix, node = found.device_indices, found.last_device_node
         uuid = tree.inc_lock_ref(node)
         need = len(prompt) - len(prefix)
-        if swa:
-            full_short = need - alloc.full_available_size()
-            swa_short = need - alloc.swa_available_size()
-            if full_short > 0 or swa_short > 0:
-                tree.evict(max(full_short, 0), max(swa_short, 0))
-        elif (short := need - alloc.available_size()) > 0:
-            tree.evict(short)
+        evict_shortfall(tree, alloc, need, hybrid=swa)
         new = alloc.alloc(need)
         pool.write((row, slice(0, len(prefix))), prefix)
         pool.write((row, slice(len(prefix), len(prompt))), new)
