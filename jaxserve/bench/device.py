@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
               "stage at tiny sizes; each `jaxserve.bench` module runs on a CPU at its own sizes)")
     elif "serving" in args.stages:
         started = time.perf_counter()
-        lines = serving_lines.run(tiny=args.tiny, budget_s=args.serving_budget_s,
-                                  served_layers=args.served_layers)
+        options = serving_lines.Options(tiny=args.tiny, served_layers=args.served_layers)
+        lines = serving_lines.run(options, budget_s=args.serving_budget_s)
         print(f"\n{serving_lines.summary(lines)}")
         print(f"serving total {time.perf_counter() - started:.0f} s")
 

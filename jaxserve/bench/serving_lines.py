@@ -20,18 +20,16 @@ with its error and the stages after it still run; a stage that would start past 
 skipped and says so (the budget is checked between stages, so a run can end a stage's length past it).
 Each stage's lines are printed as it ends, and all of them again at the end.
 
-`tiny`: every stage at tiny sizes (a CPU runs them in a few minutes; for tests: the figures judge nothing).
+`Options.tiny`: every stage at tiny sizes (a CPU runs them in a few minutes; for tests: the figures judge
+nothing).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import time
 from collections.abc import Callable
-
-STAGE_ORDER = ("speculative", "round_host_served", "round_host_embedded", "grammar", "host_cost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,18 +45,27 @@ class Line:
     remark: str = ""
 
 
-def _at_least(stage: str, what: str, value: float, bound: float) -> Line:
-    return Line(stage, what, value, f">= {bound:g}", value >= bound)
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What every stage is given: `tiny` sizes (for tests), and `served_layers`, the layers of
+    `round_host_served`'s model (a round's device time grows with them, the host's work does not)."""
+
+    tiny: bool = False
+    served_layers: int = 12
 
 
-def _at_most(stage: str, what: str, value: float, bound: float) -> Line:
-    return Line(stage, what, value, f"<= {bound:g}", value <= bound)
+def _at_least(stage: str, what: str, value: float, bound: float, remark: str = "") -> Line:
+    return Line(stage, what, value, f">= {bound:g}", value >= bound, remark)
 
 
-def speculative(tiny: bool) -> list[Line]:
+def _at_most(stage: str, what: str, value: float, bound: float, remark: str = "") -> Line:
+    return Line(stage, what, value, f"<= {bound:g}", value <= bound, remark)
+
+
+def speculative(options: Options) -> list[Line]:
     from jaxserve.bench import speculative as bench
 
-    argv = (["--batch-sizes", "1", "4", "--output-len", "8", "--repeats", "1"] if tiny
+    argv = (["--batch-sizes", "1", "4", "--output-len", "8", "--repeats", "1"] if options.tiny
             else ["--batch-sizes", "1", "8", "32", "64", "--repeats", "5"])
     lines = []
     for bs, row in bench.main(argv).items():
@@ -66,10 +73,10 @@ def speculative(tiny: bool) -> list[Line]:
         choices = row["policy_choices"]
         what = f"EAGLE-3 / plain tok/s, batch {bs}"
         lines.append(_at_least("speculative", f"{what}, medians", row["speedup"], bound))
-        lines.append(dataclasses.replace(
-            _at_least("speculative", f"{what}, paired", row["speedup_paired"], bound),
-            remark=f"{choices.get('round_steps', 0)} rounds, {choices.get('plain_decode_steps', 0)} plain "
-                   f"steps, {choices.get('drafts_dropped', 0)} drafts dropped"))
+        lines.append(_at_least(
+            "speculative", f"{what}, paired", row["speedup_paired"], bound,
+            f"{choices.get('round_steps', 0)} rounds, {choices.get('plain_decode_steps', 0)} plain steps, "
+            f"{choices.get('drafts_dropped', 0)} drafts dropped"))
         lines.append(Line("speculative", f"outputs identical, batch {bs}", None, "yes",
                           bool(row["identical_outputs"])))
         compiles = sum(row["compiles_during_timing"].values())
@@ -83,38 +90,38 @@ def _round_host(stage: str, argv: list[str]) -> list[Line]:
     row = round_host.main(argv)
     remark = (f"{row['model']}: host {row['overlap_host_cpu_ms_per_round']} ms, device "
               f"{row['device_ms_per_round']} ms per round at batch {row['batch_size']}")
-    return [dataclasses.replace(_at_most(stage, "host CPU / device per round", row["host_over_device"], 0.25),
-                                remark=remark),
+    return [_at_most(stage, "host CPU / device per round", row["host_over_device"], 0.25, remark),
             _at_most(stage, "overlapped wall / device per round", row["overlap_wall_over_device"], 1.1)]
 
 
-def round_host_served(tiny: bool, layers: int = 12) -> list[Line]:
-    size = ["--random-layers", "2", "--tiny", "--batch-size", "2", "--output-len", "12", "--repeats", "1"]
-    return _round_host("round_host_served", size if tiny else
-                       ["--random-layers", str(layers), "--batch-size", "32", "--repeats", "3"])
+def round_host_served(options: Options) -> list[Line]:
+    if options.tiny:
+        return _round_host("round_host_served", ["--random-layers", "2", "--tiny", "--batch-size", "2",
+                                                 "--output-len", "12", "--repeats", "1"])
+    return _round_host("round_host_served", ["--random-layers", str(options.served_layers),
+                                             "--batch-size", "32", "--repeats", "3"])
 
 
-def round_host_embedded(tiny: bool) -> list[Line]:
+def round_host_embedded(options: Options) -> list[Line]:
     return _round_host("round_host_embedded", ["--batch-size", "2", "--output-len", "12", "--repeats", "1"]
-                       if tiny else ["--batch-size", "32", "--repeats", "5"])
+                       if options.tiny else ["--batch-size", "32", "--repeats", "5"])
 
 
-def grammar(tiny: bool) -> list[Line]:
+def grammar(options: Options) -> list[Line]:
     from jaxserve.bench import grammar as bench
 
-    row = bench.main(["--batch", "2", "--max-new-tokens", "16", "--repeats", "2"] if tiny
+    row = bench.main(["--batch", "2", "--max-new-tokens", "16", "--repeats", "2"] if options.tiny
                      else ["--batch", "8"])
     what = f"regex / plain tok/s, batch {row['batch']}, overlap"
-    return [dataclasses.replace(
-        _at_least("grammar", what, row["regex_over_plain"], 0.9),
-        remark=f"ratio of medians {row['regex_over_plain_of_medians']}, without overlap "
-               f"{row['regex_over_plain_sync']} (regex / plain)")]
+    return [_at_least("grammar", what, row["regex_over_plain"], 0.9,
+                      f"ratio of medians {row['regex_over_plain_of_medians']}, without overlap "
+                      f"{row['regex_over_plain_sync']} (regex / plain)")]
 
 
-def host_cost(tiny: bool) -> list[Line]:
+def host_cost(options: Options) -> list[Line]:
     from jaxserve.bench import host_cost as bench
 
-    argv = (["--batch-size", "2", "--contexts", "16", "64", "--steps", "4", "--repeats", "1"] if tiny
+    argv = (["--batch-size", "2", "--contexts", "16", "64", "--steps", "4", "--repeats", "1"] if options.tiny
             else ["--batch-size", "32"])
     row = bench.main(argv)
     short, long = sorted(row["host_only_ratio_to_shortest"])  # contexts in tokens
@@ -123,16 +130,15 @@ def host_cost(tiny: bool) -> list[Line]:
             _at_most("host_cost", f"{what}, engine CPU", row["engine_host_cpu_ratio_to_shortest"][long], 1.2)]
 
 
-STAGES: dict[str, Callable[[bool], list[Line]]] = {
+STAGES: dict[str, Callable[[Options], list[Line]]] = {  # in the order `run` runs them by default
     "speculative": speculative, "round_host_served": round_host_served,
     "round_host_embedded": round_host_embedded, "grammar": grammar, "host_cost": host_cost}
 
 
-def run(*, tiny: bool = False, budget_s: float = 360.0, stages: tuple[str, ...] = STAGE_ORDER,
-        served_layers: int = 12) -> list[Line]:
+def run(options: Options = Options(), *, budget_s: float = 360.0, stages: tuple[str, ...] = tuple(STAGES)
+        ) -> list[Line]:
     """Run `stages` in order within `budget_s` seconds (see the module docstring); every stage's lines.
-    `served_layers`: the layers of `round_host_served`'s model (a round's device time grows with them, the
-    host's work does not). Raises ValueError (before running any) for a name not in `STAGES`."""
+    Raises ValueError (before running any) for a name not in `STAGES`."""
     unknown = [name for name in stages if name not in STAGES]
     if unknown:
         raise ValueError(f"unknown serving stages {unknown}; known: {list(STAGES)}")
@@ -144,12 +150,9 @@ def run(*, tiny: bool = False, budget_s: float = 360.0, stages: tuple[str, ...] 
             lines.append(Line(name, "(stage)", None, "", None, remark))
             continue
         print(f"\n== serving stage {name} ({elapsed:.0f} s in)", flush=True)
-        stage = STAGES[name]
-        if stage is round_host_served:
-            stage = functools.partial(round_host_served, layers=served_layers)
         gc.collect()  # the engines of the stage before: their device buffers go before this one's are made
         try:
-            done = stage(tiny)
+            done = STAGES[name](options)
         except Exception as exc:  # reported in the summary; the next stages still run
             done = [Line(name, "(stage)", None, "", None, f"FAILED {type(exc).__name__}: {exc}")]
         print(summary(done), flush=True)  # now: a run killed at its time limit still shows what it measured

@@ -42,25 +42,26 @@ def test_serving_stage_runs_every_benchmark_and_judges_each_line(capsys):
 def test_budget_skips_later_stages_and_a_failing_stage_does_not_stop_the_rest(monkeypatch):
     calls = []
 
-    def boom(tiny: bool) -> list[serving_lines.Line]:
+    def boom(options: serving_lines.Options) -> list[serving_lines.Line]:
         calls.append("boom")
         raise RuntimeError("out of device memory")
 
-    def fine(tiny: bool) -> list[serving_lines.Line]:
+    def fine(options: serving_lines.Options) -> list[serving_lines.Line]:
         calls.append("fine")
         return [serving_lines.Line("grammar", "x", 0.95, ">= 0.9", True)]
 
     monkeypatch.setitem(serving_lines.STAGES, "speculative", boom)
     monkeypatch.setitem(serving_lines.STAGES, "grammar", fine)
-    lines = serving_lines.run(tiny=True, stages=("speculative", "grammar"))
+    lines = serving_lines.run(serving_lines.Options(tiny=True), stages=("speculative", "grammar"))
     assert calls == ["boom", "fine"]
     assert lines[0].met is None and lines[0].remark == "FAILED RuntimeError: out of device memory"
     assert lines[1].value == 0.95
-    lines = serving_lines.run(tiny=True, budget_s=-1.0, stages=("speculative", "grammar"))
+    lines = serving_lines.run(serving_lines.Options(tiny=True), budget_s=-1.0,
+                              stages=("speculative", "grammar"))
     assert calls == ["boom", "fine"] and all(ln.remark.startswith("skipped") for ln in lines)
     seen = []  # --served-layers reaches the served-shapes stage's model
     monkeypatch.setattr(serving_lines, "_round_host", lambda stage, argv: seen.append(argv) or [])
-    serving_lines.run(stages=("round_host_served",), served_layers=12)
+    serving_lines.run(serving_lines.Options(served_layers=12), stages=("round_host_served",))
     assert seen == [["--random-layers", "12", "--batch-size", "32", "--repeats", "3"]]
     with pytest.raises(ValueError, match="unknown serving stages"):
         serving_lines.run(stages=("grammar", "kernels"))
