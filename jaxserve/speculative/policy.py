@@ -20,7 +20,8 @@ a round with k draft steps emits `1 + a + a^2 + ... + a^k` tokens per request on
 measures the seconds a decode step takes for each choice and batch-size bucket (`CostMeter`; steps that
 compiled or finished requests are not samples: a finishing request's tree insert costs the same whichever
 choice ran) and the acceptance from the rounds it ran; `choose_draft_steps` picks the choice with the
-most tokens per second, where an option other than the current one must win by a further
+most tokens per second (a choice's cost counted as at least that of every choice with fewer draft steps,
+`floored_seconds`), where an option other than the current one must win by a further
 `switch_margin`: a switch costs what the step costs do not show (the overlap pipeline drains and refills,
 the first step of a run is not a sample), and at a near tie the costs it compares, one of them fresh and
 the other measured minutes earlier on a machine whose speed has moved since, would otherwise flip the
@@ -65,8 +66,12 @@ class StepCosts:
 
 class CostMeter:
     """What a stepper measures for one batch-size bucket, as `choose_draft_steps` reads it (`view`): wall
-    seconds of a decode step per choice (the median of its last `WINDOW` samples: one step stalled by the
-    OS or a garbage collection must not flip a choice that wins by 10-20%, as it could a mean), steps since
+    seconds of a decode step per choice (the median of the last `WINDOW` samples of the choice's latest run
+    that gave any: one step stalled by the OS or a garbage collection must not flip a choice that wins by
+    10-20%, as it could a mean; and a probe's samples replace what earlier runs measured instead of being
+    outvoted by them, so the two costs compared were measured minutes apart at most once, not for as long
+    as the stale samples stay in the window - a machine that slowed down during one run would otherwise
+    keep the choice it made then for hundreds of steps, each probe's two samples outvoted), steps since
     each choice last ran, the current run, and each choice's re-probe interval: doubled (up to
     `MAX_REPROBE_AFTER`) each time a run of it ends within `MIN_RUN` steps (a probe that lost: the policy
     dropped it as soon as it could), back to `REPROBE_AFTER` after a longer run."""
@@ -81,12 +86,16 @@ class CostMeter:
         self.reprobe_after: dict[int, int] = {}
         self.last: int | None = None
         self.run_length = 0
+        self._run_sampled = False  # whether the current run has given a sample yet
 
     def record(self, choice: int, seconds: float | None, *, chosen: bool = True) -> None:
         """A step with `choice` ran; `seconds` its wall time, None when it is not a steady-state sample.
         `chosen` False: the policy had no choice (say a request without a draft was decoding), and the
         step does not count towards re-trying the other options (they could not have run)."""
-        if self.last is not None and choice != self.last:  # a run of `last` ended
+        new_run = self.last != choice
+        if new_run:
+            self._run_sampled = False
+        if self.last is not None and new_run:  # a run of `last` ended
             base = REPROBE_AFTER
             lost_probe = self.run_length <= MIN_RUN  # dropped as soon as its minimum run was over
             interval = self.reprobe_after.get(self.last, base)
@@ -99,6 +108,9 @@ class CostMeter:
         self.last = choice
         if seconds is not None:
             recent = self._recent.setdefault(choice, collections.deque(maxlen=self.WINDOW))
+            if not self._run_sampled:  # the run's first sample: what earlier runs measured is stale
+                recent.clear()
+                self._run_sampled = True
             recent.append(seconds)
             self.seconds[choice] = statistics.median(recent)
             self.samples[choice] = self.samples.get(choice, 0) + 1
@@ -162,19 +174,35 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
 
 def _fastest(options: Sequence[int], accept_rate: float | None, costs: StepCosts, margin: float,
              switch_margin: float) -> int:
-    """The measured option with the most expected tokens per second, speculation handicapped by `margin`
+    """The measured option with the most expected tokens per second (its cost floored by the cheaper options'
+    costs, `floored_seconds`), speculation handicapped by `margin`
     and every option but the current one (`costs.last`, when it is an option) by `switch_margin`; ties go
     to the fewest draft steps."""
     rate = accept_rate or 0.0
     current = costs.last if costs.last in options else None
+    seconds = floored_seconds(options, costs.seconds)
 
     def tokens_per_s(k: int) -> float:
         gain = 1.0 if k == 0 else 1.0 / (1.0 + margin)
         if current is not None and k != current:
             gain /= 1.0 + switch_margin
-        return gain * expected_tokens(k, rate) / costs.seconds[k]
+        return gain * expected_tokens(k, rate) / seconds[k]
 
     return max(sorted(options), key=tokens_per_s)
+
+
+def floored_seconds(options: Sequence[int], seconds: Mapping[int, float]) -> dict[int, float]:
+    """The measured step seconds of `options`, each raised to the largest of the options with fewer draft
+    steps: a round with k draft steps does all the work of one with fewer (a plain step is the target over
+    one token per request; a round adds draft steps and verifies more tokens), so it never costs less. The
+    measurements disagree with that only when they were taken at different machine speeds: the current
+    choice's cost is fresh, the others' may be minutes old, and on a machine that slowed down since, a
+    stale round could look cheaper than today's plain step and win with no draft ever accepted."""
+    floored, floor = {}, 0.0
+    for k in sorted(options):
+        floor = max(floor, seconds[k])
+        floored[k] = floor
+    return floored
 
 
 def settled_on_plain(batch_size: int, *, options: Sequence[int], policy: str = "auto",

@@ -26,9 +26,11 @@ from jaxserve.speculative.policy import (
 def _tokens_per_s(k: int, rate: float, seconds: dict[int, float], margin: float, last: int | None = None,
                   switch_margin: float = 0.0) -> float:
     """Brute force: option k's expected tokens per second, speculation handicapped by the margin and a
-    switch away from `last` by the switch margin."""
+    switch away from `last` by the switch margin; k's cost is at least every option's with fewer draft
+    steps (a round does all their work)."""
     switch = 1.0 if last is None or k == last else 1.0 + switch_margin
-    return sum(rate ** i for i in range(k + 1)) / seconds[k] / (1.0 if k == 0 else 1.0 + margin) / switch
+    cost = max(s for j, s in seconds.items() if j <= k)
+    return sum(rate ** i for i in range(k + 1)) / cost / (1.0 if k == 0 else 1.0 + margin) / switch
 
 
 def _measured(seconds: dict[int, float], samples: int = 5) -> StepCosts:
@@ -133,6 +135,20 @@ def test_a_near_tie_keeps_the_current_choice_both_ways():
     assert choose_draft_steps(32, options=(0, 2), accept_rate=0.75, costs=slow_rounds) == 0
 
 
+def test_a_round_never_counts_as_cheaper_than_a_plain_step():
+    # plain steps measured just now on a machine that has slowed down, the round minutes earlier: without
+    # accepted drafts the round cannot emit more, and it does a plain step's work and more
+    stale = dataclasses.replace(_measured({0: 0.0031, 2: 0.0026}), last=0, run_length=20)
+    assert choose_draft_steps(32, options=(0, 2), accept_rate=0.0, costs=stale) == 0
+    assert settled_on_plain(32, options=(0, 2), accept_rate=0.0, costs=stale)
+    # the same figures with drafts accepted: the round's tokens win at the plain step's cost
+    assert choose_draft_steps(32, options=(0, 2), accept_rate=0.5, costs=stale) == 2
+    # and three options: 3 draft steps cost at least what 2 measured
+    three = _measured({0: 0.003, 2: 0.008, 3: 0.004})
+    assert choose_draft_steps(32, options=(0, 2, 3), accept_rate=0.9, costs=three) == 3
+    assert choose_draft_steps(32, options=(0, 2, 3), accept_rate=0.3, costs=three) == 0
+
+
 def test_auto_without_acceptance_prefers_plain():
     assert choose_draft_steps(8, options=(0, 3), accept_rate=None, costs=_measured({0: 0.01, 3: 0.0101})) == 0
 
@@ -231,12 +247,24 @@ def test_meter_backs_off_a_probe_that_keeps_losing_and_resets_when_it_wins():
     assert meter.view().reprobe_after[3] == REPROBE_AFTER
 
 
+def test_a_probe_replaces_what_a_slow_spell_measured():
+    meter = CostMeter()
+    _run(meter, 0, CostMeter.WINDOW, 0.010)  # plain steps while the machine was slow
+    _run(meter, 2, 40, 0.012)  # rounds then won, and ran on
+    _run(meter, 0, 1, None)  # a probe of plain steps: its first step is no sample,
+    _run(meter, 0, 2, 0.004)  # its next two are the machine's speed now
+    costs = meter.view()
+    assert costs.seconds == {0: 0.004, 2: 0.012}
+    assert choose_draft_steps(32, options=(0, 2), accept_rate=0.5, costs=costs) == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([0, 2, 3]), st.integers(1, 8), st.booleans(), st.booleans()),
                 max_size=30))
 def test_meter_matches_a_brute_force_model(runs):
     """Runs of (choice, length, timed, chosen): since_tried (counting chosen steps only), run, samples,
-    the back-off and the median of the last WINDOW samples, against a model that replays the history."""
+    the back-off and the median of the last WINDOW samples of the choice's latest run that gave any,
+    against a model that replays the history."""
     meter = CostMeter()
     history: list[tuple[int, float | None, bool]] = []
     for i, (choice, length, timed, chosen) in enumerate(runs):
@@ -259,10 +287,21 @@ def test_meter_matches_a_brute_force_model(runs):
     assert view.reprobe_after == interval
     assert view.last == (blocks[-1][0] if blocks else None)
     assert view.run_length == (blocks[-1][1] if blocks else 0)
+    run_samples: list[list[float]] = []  # per maximal run of one choice, its timed samples
+    for i, (choice, seconds, _) in enumerate(history):
+        if i == 0 or history[i - 1][0] != choice:
+            run_samples.append([])
+        if seconds is not None:
+            run_samples[-1].append(seconds)
+    run_choices = [choice for choice, _ in blocks]
     for k in {c for c, _, _ in history}:
         last_index = max(i for i, (c, _, _) in enumerate(history) if c == k)
         assert view.since_tried[k] == sum(chosen for _, _, chosen in history[last_index + 1:])
         timed = [s for c, s, _ in history if c == k and s is not None]
         assert view.samples.get(k, 0) == len(timed)
-        if timed:
-            assert view.seconds[k] == pytest.approx(float(np.median(timed[-CostMeter.WINDOW:])), rel=1e-12)
+        latest = [r for c, r in zip(run_choices, run_samples, strict=True) if c == k and r]
+        if latest:
+            want = float(np.median(latest[-1][-CostMeter.WINDOW:]))
+            assert view.seconds[k] == pytest.approx(want, rel=1e-12)
+        else:
+            assert k not in view.seconds
