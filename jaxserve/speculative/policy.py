@@ -66,15 +66,16 @@ class StepCosts:
 
 class CostMeter:
     """What a stepper measures for one batch-size bucket, as `choose_draft_steps` reads it (`view`): wall
-    seconds of a decode step per choice (the median of the last `WINDOW` samples of the choice's latest run
-    that gave any: one step stalled by the OS or a garbage collection must not flip a choice that wins by
-    10-20%, as it could a mean; and a probe's samples replace what earlier runs measured instead of being
-    outvoted by them, so the two costs compared were measured minutes apart at most once, not for as long
-    as the stale samples stay in the window - a machine that slowed down during one run would otherwise
-    keep the choice it made then for hundreds of steps, each probe's two samples outvoted), steps since
-    each choice last ran, the current run, and each choice's re-probe interval: doubled (up to
-    `MAX_REPROBE_AFTER`) each time a run of it ends within `MIN_RUN` steps (a probe that lost: the policy
-    dropped it as soon as it could), back to `REPROBE_AFTER` after a longer run."""
+    seconds of a decode step per choice, steps since each choice last ran, the current run, and each
+    choice's re-probe interval: doubled (up to `MAX_REPROBE_AFTER`) each time a run of it ends within
+    `MIN_RUN` steps (a probe that lost: the policy dropped it as soon as it could), back to
+    `REPROBE_AFTER` after a longer run.
+
+    A choice's seconds are the median of the last `WINDOW` samples of its latest run that gave any. The
+    median: one step stalled by the OS or a garbage collection must not flip a choice that wins by 10-20%,
+    as it could a mean. The latest run only: a probe's two samples replace what earlier runs measured.
+    Blended into a window of older samples they would be outvoted, and a machine that slowed down during
+    one run would keep the choice it made then for hundreds of steps."""
 
     WINDOW = 16
 
@@ -174,10 +175,9 @@ def choose_draft_steps(batch_size: int, *, options: Sequence[int], policy: str =
 
 def _fastest(options: Sequence[int], accept_rate: float | None, costs: StepCosts, margin: float,
              switch_margin: float) -> int:
-    """The measured option with the most expected tokens per second (its cost floored by the cheaper options'
-    costs, `floored_seconds`), speculation handicapped by `margin`
-    and every option but the current one (`costs.last`, when it is an option) by `switch_margin`; ties go
-    to the fewest draft steps."""
+    """The measured option with the most expected tokens per second, its cost floored by the cheaper
+    options' (`floored_seconds`); speculation is handicapped by `margin`, and every option but the current
+    one (`costs.last`, when it is an option) by `switch_margin`. Ties go to the fewest draft steps."""
     rate = accept_rate or 0.0
     current = costs.last if costs.last in options else None
     seconds = floored_seconds(options, costs.seconds)
