@@ -30,6 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxserve.layers.host_buffers import aligned_empty
+
 FIXED, DONATED, SPLIT = "fixed", "donated", "split"
 # host leaves up to this many elements are packed, larger ones go as they are. 16 KiB of int32 copies in
 # well under one transfer's fixed cost (here ~3 us a leaf; 1 MiB of page tables took 36 us to pack), and
@@ -98,8 +100,9 @@ class ArgLayout:
         out = [args[i] if kind == DONATED else leaves[i] if kind == FIXED
                else tuple(leaves[i][j] for j in dev)
                for i, (kind, dev) in enumerate(zip(self.kinds, self.device, strict=True))]
-        out.append(tuple(np.concatenate([leaves[i][j] for i, j in group], axis=None)
-                         for group in self._gather))
+        out.append(tuple(np.concatenate([leaves[i][j] for i, j in group], axis=None,
+                                        out=aligned_empty(size, dtype))
+                         for group, size, dtype in zip(self._gather, self.sizes, self.dtypes, strict=True)))
         return tuple(out)
 
     @functools.cached_property

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from jaxserve.layers.host_buffers import aligned_zeros
+
 DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_PAGE_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -187,7 +189,7 @@ def _page_rows(page_ids: Sequence[Sequence[int]], first: np.ndarray, num_seqs: i
         s = int(short[0])
         raise ValueError(f"sequence {s}: {counts[s]} {what} of {page_size} from page {first[s]} cannot hold "
                          f"kv_len={kv_len[s]}")
-    table = np.zeros((num_seqs, max_pages), np.int32)
+    table = aligned_zeros((num_seqs, max_pages), np.int32)  # a long context's table goes to the step uncopied
     for row, (pages, lo) in enumerate(zip(page_ids, first.tolist(), strict=True)):
         if lo < max_pages:
             table[row, lo: lo + len(pages)] = pages[: max_pages - lo]
