@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxserve.layers.host_buffers import aligned_empty
+from jaxserve.memory.host_buffers import aligned_empty
 
 FIXED, DONATED, SPLIT = "fixed", "donated", "split"
 # host leaves up to this many elements are packed, larger ones go as they are. 16 KiB of int32 copies in

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxserve.engine.step_input import pad_meta, pad_sampling, pad_to
+from jaxserve.memory.host_buffers import aligned_full
 from jaxserve.sampling import PenaltyPool, SamplingBatch, sample, update_counts
 
 
@@ -67,7 +68,7 @@ def fill_masks(sampling: SamplingBatch, masks: np.ndarray | None) -> SamplingBat
     if masks is None:
         return sampling
     if masks.shape[0] != sampling.num_rows:
-        full = np.full((sampling.num_rows, masks.shape[1]), 0xFFFFFFFF, np.uint32)
+        full = aligned_full((sampling.num_rows, masks.shape[1]), 0xFFFFFFFF, np.uint32)
         full[: masks.shape[0]] = masks
         masks = full
     return dataclasses.replace(sampling, token_bitmask=masks)

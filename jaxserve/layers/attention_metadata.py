@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxserve.layers.host_buffers import aligned_zeros
+from jaxserve.memory.host_buffers import aligned_zeros
 
 DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from jaxserve.memory.host_buffers import aligned_full
 from jaxserve.sampling.params import MAX_LOGIT_BIAS, SamplingParams
 from jaxserve.sampling.seeds import seed_words
 
@@ -110,7 +111,7 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
             span = slice(i * repeat, (i + 1) * repeat)
             bias_ids[span, : len(ids)], bias_values[span, : len(ids)] = ids, values
     if token_bitmask is not None and token_bitmask.shape[0] != num_rows:
-        mask = np.full((num_rows, token_bitmask.shape[1]), 0xFFFFFFFF, np.uint32)
+        mask = aligned_full((num_rows, token_bitmask.shape[1]), 0xFFFFFFFF, np.uint32)
         mask[: token_bitmask.shape[0]] = token_bitmask
         token_bitmask = mask
     return SamplingBatch(

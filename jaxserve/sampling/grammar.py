@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from jaxserve.memory.host_buffers import aligned_full
 from jaxserve.sampling.errors import InvalidSamplingParamsError
 
 GRAMMAR_BACKENDS = ("llguidance", "none")
@@ -77,8 +78,8 @@ def fill_bitmask(matchers: Sequence[GrammarMatcher | None], num_rows: int | None
     present = [m for m in matchers if m is not None]
     if not present:
         return None
-    mask = np.full((len(matchers) if num_rows is None else num_rows, present[0].num_words), 0xFFFFFFFF,
-                   np.uint32)
+    mask = aligned_full((len(matchers) if num_rows is None else num_rows, present[0].num_words), 0xFFFFFFFF,
+                        np.uint32)  # a large vocabulary's mask then reaches a CPU step uncopied
     for row, matcher in enumerate(matchers):
         if matcher is not None:
             matcher.fill(mask, row)

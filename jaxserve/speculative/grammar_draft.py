@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxserve.memory.host_buffers import aligned_full
 from jaxserve.sampling.grammar import GrammarMatcher
 
 _ALL = np.uint32(0xFFFFFFFF)
@@ -51,7 +52,7 @@ def walk_drafts(matchers: Sequence[GrammarMatcher | None], drafts: np.ndarray,
     nodes = steps + 1
     tokens = np.array(drafts, np.int32)
     depth = np.full(rows, steps, np.int32)
-    bitmask = np.full((rows * nodes, num_words), _ALL, np.uint32)
+    bitmask = aligned_full((rows * nodes, num_words), _ALL, np.uint32)
     for r, matcher in enumerate(matchers):
         if matcher is None:
             continue
@@ -88,7 +89,7 @@ def walk_tree(matchers: Sequence[GrammarMatcher | None], tokens: np.ndarray, par
     rows, nodes = tokens.shape
     tokens = np.array(tokens, np.int32)
     children = np.array(children, np.int32)
-    bitmask = np.full((rows * nodes, num_words), _ALL, np.uint32)
+    bitmask = aligned_full((rows * nodes, num_words), _ALL, np.uint32)
     for r, matcher in enumerate(matchers):
         if matcher is None:
             continue

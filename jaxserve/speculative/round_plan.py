@@ -31,6 +31,7 @@ from jaxserve.layers.attention_metadata import (
     build_attention_metadata,
     pick_bucket,
 )
+from jaxserve.memory.host_buffers import aligned_empty
 from jaxserve.sampling import SamplingBatch, SamplingRow, build_sampling_batch
 
 
@@ -142,8 +143,9 @@ def draft_step_metadata(starts: np.ndarray, page_table: np.ndarray, *, steps: in
     kv_lens[:, :n] = starts[None, :] + np.arange(1, steps)[:, None] * width
     sample_idx = np.zeros((steps - 1, num_seqs), np.int32)
     sample_idx[:, :n] = np.arange(1, n + 1) * width - 1
-    return AttentionMetadata(positions=positions, seq_ids=seq_ids, write_slots=write_slots,
-                             page_table=np.broadcast_to(page_table, (steps - 1, *page_table.shape)).copy(),
+    tables = aligned_empty((steps - 1, *page_table.shape), page_table.dtype)  # uncopied by a CPU step
+    tables[...] = page_table
+    return AttentionMetadata(positions=positions, seq_ids=seq_ids, write_slots=write_slots, page_table=tables,
                              kv_lens=kv_lens, sample_idx=sample_idx, page_size=page_size)
 
 

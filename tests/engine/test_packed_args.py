@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from jaxserve.engine import runner
 from jaxserve.engine.packed_args import PACK_MAX_ELEMENTS, ArgLayout
 from jaxserve.engine.runner import spec
-from jaxserve.layers.host_buffers import ALIGNMENT
+from jaxserve.memory.host_buffers import ALIGNMENT
 
 DTYPES = (np.int32, np.float32, np.uint32, np.bool_, np.int64)
 # small shapes, and now and then one past PACK_MAX_ELEMENTS (passed as it is, not packed)
