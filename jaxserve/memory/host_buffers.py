@@ -7,9 +7,10 @@ unaligned against 8 us aligned, and a plain copy of it takes 9 us. numpy aligns 
 so a step input built with `np.zeros` is aliased or copied by chance. On an accelerator the transfer is a
 copy either way and the alignment costs nothing.
 
-Contract for an aligned array handed to a jitted call: it is not written afterwards (the device may read
-it while the call runs, and an aliased result would see the write). Step inputs are built fresh for each
-call, so this holds for them.
+Contract for an aligned array handed to a jitted call: nothing writes it afterwards. The device array
+aliasing it may be read while the call runs asynchronously, and for as long as it lives; a write would
+change what the call computes. Step inputs are built fresh for each call and dropped after it, so this
+holds for them.
 """
 
 from __future__ import annotations
