@@ -44,7 +44,13 @@ import numpy as np
 
 from cache import CachedReq, RadixCache
 from jaxserve.bench import sglang_reference
-from jaxserve.memory import AllocatorFacade, SWAAllocatorFacade, make_allocator, make_swa_allocator
+from jaxserve.memory import (
+    AllocatorFacade,
+    SWAAllocatorFacade,
+    evict_shortfall,
+    make_allocator,
+    make_swa_allocator,
+)
 
 POOL_SLOTS = 2**19
 SLIDING_WINDOW = 512
@@ -101,9 +107,9 @@ def make_tree(kind: str, page_size: int, eagle: bool):
 
 
 def _make_room(tree, num_slots: int) -> None:
-    """`KVCache._make_room`: evict what the allocator is short of `num_slots`."""
+    """Evict what the allocator is short of `num_slots`, as `KVCache` does before it allocates."""
     alloc = tree.allocator
-    sglang_reference.evict_shortfall(tree, alloc, num_slots, hybrid=isinstance(alloc, SWAAllocatorFacade))
+    evict_shortfall(tree, alloc, num_slots, hybrid=isinstance(alloc, SWAAllocatorFacade))
 
 
 def run_ours_request(tree, prompt: np.ndarray, tokens: np.ndarray) -> int:

@@ -12,10 +12,10 @@ for real: the caches keep their slots in torch tensors on the CPU, as they do in
 drives them (page size 1): take a request-to-token row, `match_prefix` of the prompt but its last token,
 `inc_lock_ref`, evict what the allocator is short of, allocate the rest of the prompt, write the row, and
 `cache_finished_req` with one sampled token (insert, free the duplicates and the tail, unlock, free the
-row). Evicting the shortfall is what our `KVCache` does; SGLang's scheduler asks its tree for the whole
-allocation instead, which evicts more than needed once the pool is full, so both sides would no longer
-do the same work or keep the same prefixes. Page sizes above 1 are not run: SGLang's paged allocator
-allocates through a Triton kernel, which needs a GPU.
+row). Evicting the shortfall (`memory.evict_shortfall`, the function our `KVCache` calls) is our rule;
+SGLang's scheduler asks its tree for the whole allocation instead, which evicts more than needed once the
+pool is full, so both sides would no longer do the same work or keep the same prefixes. Page sizes above 1
+are not run: SGLang's paged allocator allocates through a Triton kernel, which needs a GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from jaxserve.memory import evict_shortfall
 
 PINNED = "0.5.3.post1"
 PLACEHOLDERS = ("msgspec", "pybase64", "requests", "triton")
@@ -128,19 +130,6 @@ def make_tree(ref: types.SimpleNamespace, kind: str, eagle: bool, num_slots: int
     kv.full_kv_pool = kv.swa_kv_pool = None
     alloc = ref.SWATokenToKVPoolAllocator(num_slots, num_slots, torch.bfloat16, "cpu", kv, False)
     return ref.SWARadixCache(pool, alloc, sliding_window, page_size=1, is_eagle=eagle), alloc, pool
-
-
-def evict_shortfall(tree, alloc, num_slots: int, *, hybrid: bool) -> None:
-    """Evict from `tree` what `alloc` is short of `num_slots` free slots (`hybrid`: on each of the full and
-    sliding-window sides), our `KVCache`'s rule. The same call serves our trees and SGLang's, whose
-    allocators answer the same size queries."""
-    if hybrid:
-        full_short = num_slots - alloc.full_available_size()
-        swa_short = num_slots - alloc.swa_available_size()
-        if full_short > 0 or swa_short > 0:
-            tree.evict(max(full_short, 0), max(swa_short, 0))
-    elif (short := num_slots - alloc.available_size()) > 0:
-        tree.evict(short)
 
 
 def run(ref: types.SimpleNamespace, kind: str, eagle: bool, requests: list[np.ndarray], *, num_slots: int,

@@ -20,6 +20,7 @@ from cache import CachedReq, RadixCache
 from jaxserve.memory import (
     AllocatorFacade,
     SWAAllocatorFacade,
+    evict_shortfall,
     make_allocator,
     make_swa_allocator,
 )
@@ -119,15 +120,7 @@ class KVCache:
             req.truncate_slots(min(n, req.kv_slots.shape[0]))
 
     def _evict_for(self, num_slots: int) -> None:
-        if self.hybrid:
-            full_short = num_slots - self.allocator.full_available_size()
-            swa_short = num_slots - self.allocator.swa_available_size()
-            if full_short > 0 or swa_short > 0:
-                self.tree.evict(max(full_short, 0), max(swa_short, 0))
-        else:
-            short = num_slots - self.allocator.available_size()
-            if short > 0:
-                self.tree.evict(short)
+        evict_shortfall(self.tree, self.allocator, num_slots, hybrid=self.hybrid)
 
     def extend(self, req: CachedReq, start: int, stop: int) -> bool:
         """Give `req` slots for positions `[start, stop)` (start == len(req.kv_slots)), evicting tree nodes

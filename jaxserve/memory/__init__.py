@@ -22,6 +22,7 @@ from jaxserve.memory.errors import (
     SlotRangeError,
     StaleAllocatorStateError,
 )
+from jaxserve.memory.eviction import evict_shortfall
 from jaxserve.memory.facade import AllocatorFacade, SWAAllocatorFacade
 from jaxserve.memory.hybrid_pool import HybridKVPool, HybridSlots, hybrid_pool_sizes, make_hybrid_kv_pool
 from jaxserve.memory.kv_pool import STORAGE_DTYPES, KVPool, make_kv_pool
@@ -69,6 +70,7 @@ __all__ = [
     "allocator",
     "clear_rows",
     "clear_rows_donated",
+    "evict_shortfall",
     "extend",
     "hybrid_pool_sizes",
     "make_allocator",
