@@ -88,15 +88,22 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
     filled = len(rows) * repeat
     if filled > num_rows:
         raise ValueError(f"{filled} sampling rows do not fit the bucket of {num_rows} rows")
-    if any(row.num_generated < 0 for row in rows):
+    # one (rows, 8) array of each request's cached values (`SamplingParams.sampler_values`): float64 holds
+    # every int32 exactly and rounds each float to float32 as a direct conversion would
+    fixed = np.array([row.params.sampler_values for row in rows], np.float64).reshape(len(rows), 8)
+    num_generated = np.fromiter((row.num_generated for row in rows), np.int64, len(rows))
+    penalty_rows = np.fromiter((NO_PENALTY_ROW if row.penalty_row is None else row.penalty_row
+                                for row in rows), np.int64, len(rows))
+    if (num_generated < 0).any():
         raise ValueError("num_generated must be >= 0 for every sampling row")
-    if any(row.params.uses_penalties and row.penalty_row is None for row in rows):
+    uses_penalties = (fixed[:, 4] != 1.0) | (fixed[:, 5] != 0.0) | (fixed[:, 6] != 0.0)
+    if (uses_penalties & (penalty_rows == NO_PENALTY_ROW)).any():
         raise ValueError("a row uses repetition/frequency/presence penalties but has no penalty_row")
 
-    def column(get, pad, dtype) -> np.ndarray:
+    def column(values: np.ndarray, pad, dtype) -> np.ndarray:
         out = np.full(num_rows, pad, dtype=dtype)
         if rows:
-            values = np.array([get(row) for row in rows], dtype=dtype)
+            values = values.astype(dtype)
             out[:filled] = np.repeat(values, repeat) if repeat > 1 else values
         return out
 
@@ -115,22 +122,18 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows: int,
         mask[: token_bitmask.shape[0]] = token_bitmask
         token_bitmask = mask
     return SamplingBatch(
-        temperatures=column(lambda r: 0.0 if r.params.is_greedy else r.params.temperature, 0.0, np.float32),
-        # Greedy rows carry disabled filters (the argmax survives every filter), so an all-greedy batch
-        # skips the filter search on device.
-        top_k=column(lambda r: -1 if r.params.is_greedy else min(r.params.top_k, _INT32_MAX), -1, np.int32),
-        top_p=column(lambda r: 1.0 if r.params.is_greedy else r.params.top_p, 1.0, np.float32),
-        min_p=column(lambda r: 0.0 if r.params.is_greedy else r.params.min_p, 0.0, np.float32),
-        repetition_penalty=column(lambda r: r.params.repetition_penalty, 1.0, np.float32),
-        frequency_penalty=column(lambda r: r.params.frequency_penalty, 0.0, np.float32),
-        presence_penalty=column(lambda r: r.params.presence_penalty, 0.0, np.float32),
+        temperatures=column(fixed[:, 0], 0.0, np.float32),
+        top_k=column(fixed[:, 1], -1, np.int32),
+        top_p=column(fixed[:, 2], 1.0, np.float32),
+        min_p=column(fixed[:, 3], 0.0, np.float32),
+        repetition_penalty=column(fixed[:, 4], 1.0, np.float32),
+        frequency_penalty=column(fixed[:, 5], 0.0, np.float32),
+        presence_penalty=column(fixed[:, 6], 0.0, np.float32),
         seed_words=words,
-        num_generated=column(lambda r: r.num_generated, 0, np.int32),
-        penalty_rows=column(
-            lambda r: NO_PENALTY_ROW if r.penalty_row is None else r.penalty_row, NO_PENALTY_ROW, np.int32
-        ),
+        num_generated=column(num_generated, 0, np.int32),
+        penalty_rows=column(penalty_rows, NO_PENALTY_ROW, np.int32),
         bias_ids=bias_ids,
         bias_values=bias_values,
-        num_top_logprobs=column(lambda r: r.params.top_logprobs_num, 0, np.int32),
+        num_top_logprobs=column(fixed[:, 7], 0, np.int32),
         token_bitmask=token_bitmask,
     )

@@ -8,6 +8,7 @@ dataclass stays hashable and immutable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 # fixed widths of the device step's arrays, so that no request changes a shape.
 MAX_LOGIT_BIAS = 64
 MAX_TOP_LOGPROBS = 20
+_INT32_MAX = 2**31 - 1
 
 # SGLang parameters that jaxserve recognises but does not implement yet: named separately in errors so a
 # user knows the key is not a typo.
@@ -243,3 +245,18 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         """True when any of the three penalties is active (the engine then needs a `PenaltyPool`)."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @functools.cached_property
+    def sampler_values(self) -> tuple[float, int, float, float, float, float, float, int]:
+        """What a sampling batch row takes from these params, computed once per params object (a step
+        reads it for every sampling row): (temperature, top_k, top_p, min_p, repetition_penalty,
+        frequency_penalty, presence_penalty, top_logprobs_num). A greedy row carries temperature 0 and
+        its three filters off (top_k -1, top_p 1, min_p 0): the argmax survives every filter, so an
+        all-greedy batch skips the filter search on device. top_k is capped at the int32 maximum."""
+        if self.is_greedy:
+            temperature, top_k, top_p, min_p = 0.0, -1, 1.0, 0.0
+        else:
+            temperature, top_k = self.temperature, min(self.top_k, _INT32_MAX)
+            top_p, min_p = self.top_p, self.min_p
+        return (temperature, top_k, top_p, min_p, self.repetition_penalty, self.frequency_penalty,
+                self.presence_penalty, self.top_logprobs_num)

@@ -118,3 +118,52 @@ def test_repeated_rows_equal_the_rows_written_out():
             assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), name
 
     check()
+
+
+def test_every_row_holds_its_params_as_the_contract_says():
+    """Against a per-row reference written from `SamplingBatch`'s contract: a greedy row (temperature below
+    1e-5) carries temperature 0 and its three filters off, top_k is capped at the int32 maximum, and the
+    penalties, num_generated, penalty row and top-logprob count are the row's own; padding rows are
+    neutral. Also holds for params objects shared by several rows (each computes its values once)."""
+    int32_max = int(np.iinfo(np.int32).max)
+    params = st.builds(SamplingParams, temperature=st.sampled_from([0.0, 1e-6, 0.3, 1.0, 2.5]),
+                       top_k=st.sampled_from([-1, 1, 40, 1 << 40]), top_p=st.sampled_from([1.0, 0.95, 0.1]),
+                       min_p=st.sampled_from([0.0, 0.05]), repetition_penalty=st.sampled_from([1.0, 1.3]),
+                       frequency_penalty=st.sampled_from([0.0, -0.4]),
+                       presence_penalty=st.sampled_from([0.0, 0.7]),
+                       top_logprobs_num=st.integers(0, 20))
+
+    def reference(row: SamplingRow) -> dict:
+        p = row.params
+        greedy = p.temperature < 1e-5
+        return {"temperatures": 0.0 if greedy else np.float32(p.temperature),
+                "top_k": -1 if greedy else min(p.top_k, int32_max),
+                "top_p": 1.0 if greedy else np.float32(p.top_p),
+                "min_p": 0.0 if greedy else np.float32(p.min_p),
+                "repetition_penalty": np.float32(p.repetition_penalty),
+                "frequency_penalty": np.float32(p.frequency_penalty),
+                "presence_penalty": np.float32(p.presence_penalty),
+                "num_generated": row.num_generated,
+                "penalty_rows": NO_PENALTY_ROW if row.penalty_row is None else row.penalty_row,
+                "num_top_logprobs": p.top_logprobs_num}
+
+    padding = {"temperatures": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+               "frequency_penalty": 0.0, "presence_penalty": 0.0, "num_generated": 0,
+               "penalty_rows": NO_PENALTY_ROW, "num_top_logprobs": 0}
+
+    @settings(max_examples=60, deadline=None)
+    @given(shared=st.lists(params, min_size=1, max_size=3), picks=st.lists(st.integers(0, 2), max_size=6),
+           data=st.data(), spare=st.integers(0, 3))
+    def check(shared, picks, data, spare):
+        rows = []
+        for k in picks:
+            p = shared[k % len(shared)]
+            rows.append(SamplingRow(p, data.draw(st.integers(0, 2**40)), data.draw(st.integers(0, 99)),
+                                    data.draw(st.sampled_from([None, 0, 7])) if not p.uses_penalties else 3))
+        batch = build_sampling_batch(rows, len(rows) + spare)
+        for i in range(len(rows) + spare):
+            want = reference(rows[i]) if i < len(rows) else padding
+            got = {name: getattr(batch, name)[i].item() for name in want}
+            assert got == {name: np.asarray(v).item() for name, v in want.items()}, i
+
+    check()
