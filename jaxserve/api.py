@@ -204,9 +204,6 @@ class Engine:
                 raise InvalidRequestError(f"request {index}: {params.grammar[0]} needs a grammar backend "
                                           f"(--grammar-backend llguidance) and a tokenizer")
             self.grammar.compile(*params.grammar)  # a bad grammar is a 400 here, before anything is queued
-        if params.prompt_logprobs and isinstance(self.stepper, EagleStepper):
-            raise InvalidRequestError(f"request {index}: prompt logprobs are not computed under speculative "
-                                      f"decoding yet")
         return ids, params
 
     def _enqueue(self, ids: np.ndarray, params: SamplingParams, rid: str | None) -> str:

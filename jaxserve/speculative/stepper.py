@@ -86,7 +86,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxserve.engine import host_read
+from jaxserve.engine import host_read, prompt_logprobs
 from jaxserve.engine.errors import SchedulerStuckError
 from jaxserve.engine.kv_cache import KVCache
 from jaxserve.engine.program_cache import program_factory
@@ -108,6 +108,7 @@ from jaxserve.engine.step_input import (
 from jaxserve.layers.attention_metadata import pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import build_sampling_batch, sample, update_counts
+from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
 from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
 from jaxserve.speculative.draft_tree import make_tree_programs, repad_tree_draft, repad_tree_verify
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
@@ -147,22 +148,35 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
 
     extend = functools.partial(extend_and_store, topk=topk, record=record)
 
-    @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
-    def prefill(tparams, dparams, pools, dpool, penalties, states, emb, prev_tokens, prev_rows, input_ids,
-                next_ids, from_sample, meta, sampling, dest):
-        """Target step + sampling + draft extend over the same positions (a prefill chunk, or one decode
-        token per request: the plain step that keeps the draft usable). Tokens flagged in `prev_rows`
-        come from the previous plain step's samples `prev_tokens` (overlap); returns this step's samples
-        padded to `max_seqs` for the next one."""
-        input_ids = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], input_ids)
-        logits, pools, aux = target_of(tparams)(input_ids, meta, pools)
-        out = sample(logits, sampling, penalties)
-        penalties = update_counts(penalties, sampling.penalty_rows, out.token_ids)
-        ids = jnp.where(from_sample >= 0, out.token_ids[jnp.maximum(from_sample, 0)], next_ids)
-        dpool, states, top1 = extend(draft_of(dparams), ids, aux, meta, dpool, emb, states, dest,
-                                     meta.sample_idx)
-        next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
-        return pools, dpool, penalties, states, next_tokens, out, top1
+    def make_prefill(prompt_logprobs: bool):
+        @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
+        def prefill(tparams, dparams, pools, dpool, penalties, states, emb, prev_tokens, prev_rows, input_ids,
+                    next_ids, from_sample, meta, sampling, dest, prompt_next=None):
+            """Target step + sampling + draft extend over the same positions (a prefill chunk, or one decode
+            token per request: the plain step that keeps the draft usable). Tokens flagged in `prev_rows`
+            come from the previous plain step's samples `prev_tokens` (overlap); returns this step's samples
+            padded to `max_seqs` for the next one. The `prompt_logprobs` variant keeps the target's logits
+            at every position and also returns, for `prompt_next i32[T]`, each token's raw logprob of its
+            next prompt token and the top ones (`engine.prompt_logprobs`), from the same forward."""
+            input_ids = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], input_ids)
+            logits, pools, aux = target_of(tparams)(input_ids, meta, pools, return_all_logits=prompt_logprobs)
+            every = logits
+            if prompt_logprobs:
+                logits = every[meta.sample_idx]
+            out = sample(logits, sampling, penalties)
+            penalties = update_counts(penalties, sampling.penalty_rows, out.token_ids)
+            ids = jnp.where(from_sample >= 0, out.token_ids[jnp.maximum(from_sample, 0)], next_ids)
+            dpool, states, top1 = extend(draft_of(dparams), ids, aux, meta, dpool, emb, states, dest,
+                                         meta.sample_idx)
+            next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
+            if not prompt_logprobs:
+                return pools, dpool, penalties, states, next_tokens, out, top1
+            logp = jax.nn.log_softmax(every.astype(jnp.float32), axis=-1)
+            top = top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32))
+            prompt = (token_logprobs(logp, prompt_next), *top)
+            return pools, dpool, penalties, states, next_tokens, out, top1, prompt
+
+        return prefill
 
     def draft_chain(dparams, dpool, states, emb, state_rows, draft_metas):
         """The chains' drafts `i32[R, S]`: d1 from each request's stored draft state, then S-1 draft steps
@@ -222,9 +236,12 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
         return verify_chain(tparams, dparams, pools, dpool, penalties, states, shifts, emb, dest, last,
                             drafts, None, None, meta, sampling)
 
-    prefill_program = Programs(prefill, "prefill", fixed=(0, 1, 6))
+    prefill_program = Programs(make_prefill(False), "prefill", fixed=(0, 1, 6))
+    # last in the tuple: the prefill of a step with a request that wants prompt logprobs
+    prompt_program = Programs(make_prefill(True), "prompt_prefill", fixed=(0, 1, 6))
     if topk > 1:
-        return (prefill_program, *make_tree_programs(tgraph, dgraph, num_steps, topk, num_verify, record))
+        return (prefill_program, *make_tree_programs(tgraph, dgraph, num_steps, topk, num_verify, record),
+                prompt_program)
     # a constrained round's two halves (the host walks the grammars between them: `grammar_draft`)
     draft_program = jax.jit(draft_chain, donate_argnames=("dpool",))
     verify_program = jax.jit(verify_chain,
@@ -233,7 +250,8 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
     return (prefill_program,
             Programs(chain_round, "chain_round", fixed=(0, 1, 7)),
             Programs(draft_program, "draft_chain", fixed=(0, 3)),
-            Programs(verify_program, "verify_chain", fixed=(0, 1, 7)))
+            Programs(verify_program, "verify_chain", fixed=(0, 1, 7)),
+            prompt_program)
 
 
 def _repad_prefill(args: tuple, bucket: Bucket) -> tuple:
@@ -245,6 +263,12 @@ def _repad_prefill(args: tuple, bucket: Bucket) -> tuple:
     inp = pad_step_input(StepInput(input_ids, prev_rows, meta, sampling), t, s, p)
     return (*args[:8], inp.prev_rows, inp.input_ids, pad_to(next_ids, (t,)), pad_to(from_sample, (t,), -1),
             inp.meta, inp.sampling, pad_to(dest, (s,), states[0].shape[0]))
+
+
+def _repad_prompt_prefill(args: tuple, bucket: Bucket) -> tuple:
+    """`_repad_prefill` of the prompt-logprobs variant (its last argument, the next prompt ids, padded
+    with 0)."""
+    return (*_repad_prefill(args[:-1], bucket), pad_to(args[-1], (bucket[0],)))
 
 
 def _repad_draft(args: tuple, bucket: Bucket) -> tuple:
@@ -289,6 +313,7 @@ class _PlainStep:
     meta: object
     num_tokens: int
     top1: jax.Array
+    prompt: tuple | None = None  # prompt logprobs (`engine.prompt_logprobs`), device arrays; None: none
 
 
 class EagleStepper:
@@ -470,12 +495,19 @@ class EagleStepper:
                 if seq.req.spec_accept_lengths is None:
                     seq.req.spec_accept_lengths = []
         runner = self.runner
-        (self.kv.pools, self.dpool, runner.penalties, self.states, self.last_tokens, out,
-         top1) = self._fns(self.recording)[0].call(step_bucket(inp), (
-             self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states, self.emb,
-             self.last_tokens, inp.prev_rows, inp.input_ids, next_ids, from_sample, inp.meta, inp.sampling,
-             dest), _repad_prefill)
-        return _PlainStep(batch, out, inp.meta, t, top1)
+        args = (self.tparams, self.dparams, self.kv.pools, self.dpool, runner.penalties, self.states,
+                self.emb, self.last_tokens, inp.prev_rows, inp.input_ids, next_ids, from_sample, inp.meta,
+                inp.sampling, dest)
+        fns = self._fns(self.recording)
+        prompt_next = prompt_logprobs.next_token_ids(batch, num_tokens)
+        prompt = None
+        if prompt_next is None:
+            (self.kv.pools, self.dpool, runner.penalties, self.states, self.last_tokens, out,
+             top1) = fns[0].call(step_bucket(inp), args, _repad_prefill)
+        else:
+            (self.kv.pools, self.dpool, runner.penalties, self.states, self.last_tokens, out, top1,
+             prompt) = fns[-1].call(step_bucket(inp), (*args, prompt_next), _repad_prompt_prefill)
+        return _PlainStep(batch, out, inp.meta, t, top1, prompt)
 
     def _apply_plain(self, done: _PlainStep) -> list[Request]:
         """Read a dispatched prefill-program step's samples and apply them (scheduler rules: requests
@@ -485,6 +517,8 @@ class EagleStepper:
         wanted = _wants_top(s.req for s in done.batch)
         top = host_read.to_host(out.top_ids, out.top_logprobs) if wanted else None
         self._record(done.meta, done.num_tokens, done.top1)
+        if done.prompt is not None:
+            prompt_logprobs.record(done.batch, *host_read.to_host(*done.prompt))
         finished = self.scheduler.process(done.batch, token_ids, logprobs, top)
         # lagging requests that finished: their draft KV completed before anything can reuse their slots
         spans, self._finishing = self._finishing, []
@@ -830,7 +864,8 @@ class EagleStepper:
     @property
     def num_compiles(self) -> dict[str, int]:
         variants = [self._fns(r) for r in (False, True)]
-        counts = {"step": self.runner.num_compiles, "prefill": sum(f[0].num_compiles for f in variants)}
+        counts = {"step": self.runner.num_compiles,
+                  "prefill": sum(f[0].num_compiles + f[-1].num_compiles for f in variants)}
         names = ("chain_round", "draft_chain", "verify_chain"), ("tree_round", "tree_draft", "tree_verify")
         used, unused = names[::-1] if self.topk > 1 else names
         counts.update({name: sum(f[i].num_compiles for f in variants) for i, name in enumerate(used, 1)})

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxserve.engine.errors import InvalidRequestError
 from tests.engine.conftest import make_engine, prompts
 from tests.models.helpers import hf_logits
 
@@ -52,12 +51,37 @@ def test_retracted_request_keeps_its_prompt_logprobs(llama):
         np.testing.assert_allclose(got, ref[np.arange(len(p) - 1), p[1:]], atol=1e-3)
 
 
-def test_prompt_logprobs_are_refused_under_speculative_decoding():
+def test_prompt_logprobs_under_eagle3_equal_a_full_forward():
+    """Under EAGLE-3 (the main job's default) the prefill program's all-positions variant gives the prompt
+    logprobs: equal to transformers' forward of the embedded checkpoint across prefill chunks, for a prompt
+    the prefix cache already holds, with the top logprobs; the completion is the one a request without
+    prompt logprobs gets."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from jaxserve.api import Engine
     from jaxserve.assets import EMBEDDED_MODEL_DIR
 
-    spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3", page_size=16,
-                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), max_total_tokens=1024,
-                  chunked_prefill_size=64, max_running_requests=4)
-    with pytest.raises(InvalidRequestError, match="prompt logprobs"):
-        spec.submit(input_ids=[1, 2, 3], sampling_params={"prompt_logprobs": True})
+    spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3", page_size=4,
+                  speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), max_total_tokens=2048,
+                  chunked_prefill_size=16, max_running_requests=4)
+    p = spec.tokenizer.encode("The os module provides a portable way of using operating system dependent "
+                              "functionality, such as reading or writing files.")
+    assert len(p) > 32  # three chunks at least
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    plain = spec.generate(input_ids=p, sampling_params=params)  # the tree now holds the prompt
+    wants = {**params, "prompt_logprobs": True, "top_logprobs_num": 3}
+    out = spec.generate(input_ids=p, sampling_params=wants)
+    meta = out["meta_info"]
+    assert meta["cached_tokens"] == 0 and out["output_ids"] == plain["output_ids"]
+    hf = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, attn_implementation="eager",
+                                              dtype=torch.float32)
+    hf.config._experts_implementation = "eager"
+    ref = _log_softmax(hf_logits(hf.eval(), p))
+    pairs = meta["input_token_logprobs"]
+    assert pairs[0] == (None, p[0]) and [t for _, t in pairs] == p
+    np.testing.assert_allclose([lp for lp, _ in pairs[1:]], ref[np.arange(len(p) - 1), p[1:]], atol=2e-3)
+    for q in (1, 17, len(p) - 1):
+        top = meta["input_top_logprobs"][q]
+        assert [t for _, t in top] == np.argsort(-ref[q - 1])[:3].tolist()
+    assert spec.stepper.num_compiles["prefill"] >= 2  # the plain prefill and its prompt-logprobs variant
