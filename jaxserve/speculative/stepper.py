@@ -137,8 +137,8 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
     """The jitted pieces for one (target, draft) graph pair, chain length and branching (prefill and draft
     extend store the draft's `topk` best next tokens with their log-probabilities): the prefill program,
     then the round program and a constrained round's two halves, a chain's or (`topk > 1`) a tree's
-    (`draft_tree.make_tree_programs`). `record`: also return the draft's top-1 at every extended position
-    (diagnostics)."""
+    (`draft_tree.make_tree_programs`), and last the prefill's prompt-logprobs variant. `record`: also
+    return the draft's top-1 at every extended position (diagnostics)."""
 
     def target_of(params):
         return nnx.merge(tgraph, params)
@@ -148,20 +148,20 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
 
     extend = functools.partial(extend_and_store, topk=topk, record=record)
 
-    def make_prefill(prompt_logprobs: bool):
+    def make_prefill(all_positions: bool):
         @functools.partial(jax.jit, donate_argnames=("pools", "dpool", "penalties", "states"))
         def prefill(tparams, dparams, pools, dpool, penalties, states, emb, prev_tokens, prev_rows, input_ids,
                     next_ids, from_sample, meta, sampling, dest, prompt_next=None):
             """Target step + sampling + draft extend over the same positions (a prefill chunk, or one decode
             token per request: the plain step that keeps the draft usable). Tokens flagged in `prev_rows`
             come from the previous plain step's samples `prev_tokens` (overlap); returns this step's samples
-            padded to `max_seqs` for the next one. The `prompt_logprobs` variant keeps the target's logits
+            padded to `max_seqs` for the next one. The `all_positions` variant keeps the target's logits
             at every position and also returns, for `prompt_next i32[T]`, each token's raw logprob of its
             next prompt token and the top ones (`engine.prompt_logprobs`), from the same forward."""
             input_ids = jnp.where(prev_rows >= 0, prev_tokens[jnp.maximum(prev_rows, 0)], input_ids)
-            logits, pools, aux = target_of(tparams)(input_ids, meta, pools, return_all_logits=prompt_logprobs)
+            logits, pools, aux = target_of(tparams)(input_ids, meta, pools, return_all_logits=all_positions)
             every = logits
-            if prompt_logprobs:
+            if all_positions:
                 logits = every[meta.sample_idx]
             out = sample(logits, sampling, penalties)
             penalties = update_counts(penalties, sampling.penalty_rows, out.token_ids)
@@ -169,7 +169,7 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
             dpool, states, top1 = extend(draft_of(dparams), ids, aux, meta, dpool, emb, states, dest,
                                          meta.sample_idx)
             next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
-            if not prompt_logprobs:
+            if not all_positions:
                 return pools, dpool, penalties, states, next_tokens, out, top1
             logp = jax.nn.log_softmax(every.astype(jnp.float32), axis=-1)
             top = top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32))
