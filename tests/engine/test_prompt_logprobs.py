@@ -84,4 +84,11 @@ def test_prompt_logprobs_under_eagle3_equal_a_full_forward():
     for q in (1, 17, len(p) - 1):
         top = meta["input_top_logprobs"][q]
         assert [t for _, t in top] == np.argsort(-ref[q - 1])[:3].tolist()
+    # two prompts in one step, one wanting prompt logprobs: each sequence's positions land in its own row
+    short = p[3:24]
+    both = spec.generate(input_ids=[short, p], sampling_params=[{**params, "prompt_logprobs": True}, params])
+    got = [lp for lp, _ in both[0]["meta_info"]["input_token_logprobs"][1:]]
+    ref_short = _log_softmax(hf_logits(hf, short))
+    np.testing.assert_allclose(got, ref_short[np.arange(len(short) - 1), short[1:]], atol=2e-3)
+    assert both[1]["output_ids"] == plain["output_ids"]
     assert spec.stepper.num_compiles["prefill"] >= 2  # the plain prefill and its prompt-logprobs variant
