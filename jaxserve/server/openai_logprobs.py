@@ -45,6 +45,15 @@ def completion_logprobs(items: list[tuple[float, int, list]], text_of: TokenText
         tokens.append(text_of(tid))
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": [lp for lp, _, _ in items],
-            "top_logprobs": [None if lp is None else {text_of(t): tlp for tlp, t in top}
-                             for lp, _, top in items],
+            "top_logprobs": [None if lp is None else _top_by_text(top, text_of) for lp, _, top in items],
             "text_offset": offsets}
+
+
+def _top_by_text(top: list, text_of: TokenText) -> dict[str, float]:
+    """A completions `top_logprobs` entry: {text: logprob} from `top` (best first). Ids that decode to the
+    same text share one key, which keeps the most likely one's logprob (the entry's best stays the
+    position's best)."""
+    out: dict[str, float] = {}
+    for logprob, token_id in top:
+        out.setdefault(text_of(token_id), logprob)
+    return out
