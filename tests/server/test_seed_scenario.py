@@ -10,6 +10,7 @@ again", so rounds accept 0..3 drafts).
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 from jaxserve.test.send_one import STOP
@@ -27,8 +28,9 @@ SYSTEM = "Always answer as helpfully as possible, while being safe. " * 3
 PREFIX_PROMPTS = [SYSTEM + " ".join(WORDS[:i]) + " xxx" for i in range(1, 10)]
 TEST_PROMPT = SYSTEM + " ".join(WORDS) + ". Human: Give me a fully functional FastAPI server."
 MAX_NEW = 32
-# One prefill chunk per prompt here: the engine's speculative path fails (KeyError in EagleWorker._draft,
-# reported to the engine's owner) on prompts of k * chunked_prefill_size + 1 tokens, e.g. 65 or 129 at 64.
+# One prefill chunk per prompt here, as in the PR's recipe. (A failure of the old speculative worker on
+# prompts of k * chunked_prefill_size + 1 tokens, which this once worked around, is fixed: EAGLE-3 greedy
+# outputs equal plain decoding at 64, 65, 128, 129 and 130 tokens with chunks of 64.)
 SPEC_FLAGS = {**ENGINE_FLAGS, "chunked_prefill_size": 256}
 
 
@@ -115,3 +117,28 @@ def test_speculative_generate_is_lossless_and_metrics_report_acceptance(radix_on
             assert meta["spec_verify_ct"] == len(meta["spec_accept_lengths"]) > 0
         metrics = scrape(c)
     assert metrics["sglang:spec_verify_ct_total"] > 0 and metrics["sglang:spec_accept_length"] > 1.0
+
+
+def test_echo_logprobs_under_eagle3_equal_plain_decodings(radix_on, plain_greedy):
+    """`/v1/completions` with `echo` and `logprobs` on the EAGLE-3 server: the prompt's logprobs (from the
+    prefill's all-positions variant) and the completion's equal the plain engine's, which the engine tests
+    hold against transformers' forward."""
+    prompt = SYSTEM + "Human: list three colours."
+    with httpx.Client(base_url=radix_on.url, timeout=120) as c:
+        got = c.post("/v1/completions", json={"model": "any", "prompt": prompt, "max_tokens": 8,
+                                              "temperature": 0, "echo": True, "logprobs": 2}).json()
+    ref = plain_greedy(prompt, max_new_tokens=8, prompt_logprobs=True, return_logprob=True,
+                       top_logprobs_num=2)["meta_info"]
+    want = [lp for lp, _ in ref["input_token_logprobs"]] + [lp for lp, _ in ref["output_token_logprobs"]]
+    lps = got["choices"][0]["logprobs"]["token_logprobs"]
+    assert lps[0] is None and len(lps) == len(want)
+    np.testing.assert_allclose(lps[1:], want[1:], atol=1e-4)
+    # each position's top logprobs are the plain engine's top two (a dict keyed by text: two ids that
+    # decode to the same text are one key)
+    ref_tops = ref["input_top_logprobs"] + ref["output_top_logprobs"]
+    tops = got["choices"][0]["logprobs"]["top_logprobs"]
+    assert tops[0] is None and len(tops) == len(ref_tops)
+    for top, ref_top in zip(tops[1:], ref_tops[1:], strict=True):
+        want_values = [lp for lp, _ in ref_top]
+        assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(want_values[0], abs=1e-4)
+        assert all(min(abs(v - w) for w in want_values) < 1e-4 for v in top.values())
