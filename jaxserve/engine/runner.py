@@ -66,7 +66,7 @@ from jaxserve.sampling import (
     sample,
     update_counts,
 )
-from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
+from jaxserve.sampling.logprobs import next_token_logprobs
 
 Bucket = tuple[int, ...]
 Repad = Callable[[tuple, Bucket], tuple]  # (a call's arguments, a larger bucket) -> those arguments padded
@@ -381,9 +381,7 @@ def _make_step(graphdef, max_seqs: int, prompt_logprobs: bool = False) -> Progra
         next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
         if not prompt_logprobs:
             return kv_pools, penalties, next_tokens, out
-        logp = jax.nn.log_softmax(every.astype(jnp.float32), axis=-1)
-        top = top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32))
-        return kv_pools, penalties, next_tokens, (out, (token_logprobs(logp, next_ids), *top))
+        return kv_pools, penalties, next_tokens, (out, next_token_logprobs(every, next_ids))
 
     return Programs(step, "prompt_step" if prompt_logprobs else "step", fixed=(0,))
 

@@ -36,3 +36,11 @@ def top_logprobs(logp: jax.Array, num_top: jax.Array) -> tuple[jax.Array, jax.Ar
                 jnp.zeros((num_rows, MAX_TOP_LOGPROBS), jnp.float32))
 
     return jax.lax.cond(jnp.any(num_top > 0), compute, skip)
+
+
+def next_token_logprobs(logits: jax.Array, next_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Prompt logprobs from all-positions `logits` f32/bf16[T, V]: (each position's logprob of `next_ids[t]`
+    f32[T], top ids i32[T, K], top logprobs f32[T, K]), computed in float32 (see
+    `engine.prompt_logprobs`)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return (token_logprobs(logp, next_ids), *top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32)))

@@ -108,7 +108,7 @@ from jaxserve.engine.step_input import (
 from jaxserve.layers.attention_metadata import pick_bucket
 from jaxserve.models.decoder import CausalLM
 from jaxserve.sampling import build_sampling_batch, sample, update_counts
-from jaxserve.sampling.logprobs import token_logprobs, top_logprobs
+from jaxserve.sampling.logprobs import next_token_logprobs
 from jaxserve.speculative.draft_state import extend_and_store, greedy_ids, new_states, store
 from jaxserve.speculative.draft_tree import make_tree_programs, repad_tree_draft, repad_tree_verify
 from jaxserve.speculative.eagle3_draft import Eagle3Draft, make_draft_pool
@@ -171,10 +171,8 @@ def _make_fns(tgraph, dgraph, num_steps: int, topk: int, num_verify: int, max_se
             next_tokens = jnp.zeros(max_seqs, jnp.int32).at[: out.token_ids.shape[0]].set(out.token_ids)
             if not all_positions:
                 return pools, dpool, penalties, states, next_tokens, out, top1
-            logp = jax.nn.log_softmax(every.astype(jnp.float32), axis=-1)
-            top = top_logprobs(logp, jnp.ones(logp.shape[0], jnp.int32))
-            prompt = (token_logprobs(logp, prompt_next), *top)
-            return pools, dpool, penalties, states, next_tokens, out, top1, prompt
+            return (pools, dpool, penalties, states, next_tokens, out, top1,
+                    next_token_logprobs(every, prompt_next))
 
         return prefill
 
