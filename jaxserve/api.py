@@ -54,7 +54,7 @@ from jaxserve.engine.stepper import PlainStepper, Stepper
 from jaxserve.models.decoder import CausalLM, scan_layers
 from jaxserve.models.sharding import make_tp_mesh, shard_model, tp_layout
 from jaxserve.sampling import SamplingParams, SeedSource
-from jaxserve.sampling.grammar import GrammarBackend
+from jaxserve.sampling.grammar import ConstraintBackend, make_grammar_backend
 from jaxserve.speculative.loading import load_draft
 from jaxserve.speculative.stepper import EagleStepper
 
@@ -133,9 +133,10 @@ class Engine:
             self.stepper = PlainStepper(self.kv, self.runner, self.buckets, overlap=overlap, **sizes)
         self.scheduler = self.stepper.scheduler
         self._seeds = SeedSource(args.random_seed)
-        self.grammar: GrammarBackend | None = None  # constrained decoding (json_schema / regex / ebnf)
-        if args.grammar_backend == "llguidance" and tokenizer is not None:
-            self.grammar = GrammarBackend(tokenizer.to_json(), self.vocab_size, self.eos_token_ids)
+        self.grammar: ConstraintBackend | None = None  # constrained decoding (json_schema / regex / ebnf)
+        if tokenizer is not None:
+            self.grammar = make_grammar_backend(args.grammar_backend, tokenizer.to_json(), self.vocab_size,
+                                                self.eos_token_ids)
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         if args.warmup:
@@ -202,7 +203,7 @@ class Engine:
                                           f"supported yet")
             if self.grammar is None:
                 raise InvalidRequestError(f"request {index}: {params.grammar[0]} needs a grammar backend "
-                                          f"(--grammar-backend llguidance) and a tokenizer")
+                                          f"(--grammar-backend llguidance or xgrammar) and a tokenizer")
             self.grammar.compile(*params.grammar)  # a bad grammar is a 400 here, before anything is queued
         return ids, params
 

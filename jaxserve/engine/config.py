@@ -6,11 +6,13 @@ Units: `max_total_tokens` and `chunked_prefill_size` count token slots; `page_si
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
 from jaxserve.layers.backends import AUTO, DEFAULT_BACKEND, get_backend
 from jaxserve.models.sharding import expert_parallel_sizes
+from jaxserve.sampling.grammar import GRAMMAR_BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +41,8 @@ class ServerArgs:
     chain length). speculative_eagle_topk: branches per draft step (1 = chain). speculative_num_draft_tokens:
     tokens verified per round including the last known token (None: num_steps + 1 for a chain).
     grammar_backend: "llguidance" (default: json_schema / regex / ebnf sampling parameters constrain the
-    output) or "none" (such requests are refused).
+    output), "xgrammar" (SGLang's default library, an optional extra: `jaxserve[xgrammar]`) or "none" (such
+    requests are refused).
     speculative_policy: "auto" (default: each decode step is an EAGLE-3 round or a plain step, whichever
     measured more tokens per second at the running batch size; below 4 decoding requests, rounds while the
     requests' own drafts are accepted, and always for a request that has run none yet; once plain steps
@@ -136,8 +139,13 @@ class ServerArgs:
             self._check_speculative()
         if self.attention_backend != AUTO:  # auto resolves when a model first attends (platform known)
             get_backend(self.attention_backend)  # ValueError listing the registered names
-        if self.grammar_backend not in ("llguidance", "none"):
-            raise ValueError(f"grammar_backend={self.grammar_backend!r}; choose llguidance or none")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend={self.grammar_backend!r}; choose one of "
+                             f"{', '.join(GRAMMAR_BACKENDS)}")
+        if self.grammar_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            raise ValueError("grammar_backend='xgrammar' needs the xgrammar package, an optional extra "
+                             "that brings torch: pip install 'jaxserve[xgrammar]' (or use the default, "
+                             "llguidance)")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={self.dtype!r}; choose auto, float32, bfloat16 or float16")
 

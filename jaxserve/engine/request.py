@@ -18,7 +18,7 @@ import numpy as np
 
 from cache import CachedReq
 from jaxserve.sampling import SamplingParams, StopChecker
-from jaxserve.sampling.grammar import GrammarMatcher
+from jaxserve.sampling.grammar import GrammarState
 
 
 class Status(enum.Enum):
@@ -55,7 +55,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     finish_time: float | None = None
     spec_accept_lengths: list[int] | None = None  # speculative decoding: drafts accepted per verify round
-    grammar: GrammarMatcher | None = None  # the output constraint's state (json_schema / regex / ebnf)
+    grammar: GrammarState | None = None  # the output constraint's state (json_schema / regex / ebnf)
     # prompt + output, append-only: `fill_ids()` views it, so a step's host cost does not grow with context
     _tokens: np.ndarray | None = field(default=None, repr=False)
     _num_tokens: int = field(default=0, repr=False)

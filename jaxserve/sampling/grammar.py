@@ -17,17 +17,74 @@ import collections
 import json
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from jaxserve.memory.host_buffers import aligned_full
 from jaxserve.sampling.errors import InvalidSamplingParamsError
 
-GRAMMAR_BACKENDS = ("llguidance", "none")
+GRAMMAR_BACKENDS = ("llguidance", "xgrammar", "none")  # xgrammar: an optional extra (it imports torch)
 _CACHE_SIZE = 256  # compiled grammars kept (LRU)
 # JSON output laid out as json.dumps does, no other whitespace: a small model cannot pad it with blanks
 # forever (flexible whitespace lets it)
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarState(Protocol):
+    """What a request's grammar is to the engine, whichever backend made it (`GrammarMatcher` here,
+    `grammar_xgrammar.XGrammarMatcher`)."""
+
+    num_words: int
+
+    def fill(self, bitmask: np.ndarray, row: int) -> None: ...
+
+    def advance(self, token_id: int) -> None: ...
+
+    def rollback(self, num_tokens: int) -> None: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+class ConstraintBackend(Protocol):
+    """A grammar library over one tokenizer: `compile(kind, source)` checks and caches a grammar (kind
+    json_schema, regex or ebnf; InvalidSamplingParamsError naming what is wrong), `matcher` hands a request
+    its own state. `num_words`: the mask width, ceil(V / 32)."""
+
+    num_words: int
+
+    def compile(self, kind: str, source: str) -> None: ...
+
+    def matcher(self, kind: str, source: str) -> GrammarState: ...
+
+
+def make_grammar_backend(name: str, tokenizer_json: str, vocab_size: int,
+                         eos_token_ids: Iterable[int]) -> ConstraintBackend | None:
+    """The backend `name` ("llguidance", "xgrammar" or "none": None) over a tokenizer.json text."""
+    if name == "none":
+        return None
+    if name == "llguidance":
+        return GrammarBackend(tokenizer_json, vocab_size, eos_token_ids)
+    if name == "xgrammar":
+        from jaxserve.sampling.grammar_xgrammar import XGrammarBackend
+
+        return XGrammarBackend(tokenizer_json, vocab_size, eos_token_ids)
+    raise ValueError(f"grammar backend {name!r}; choose one of {', '.join(GRAMMAR_BACKENDS)}")
+
+
+def check_mask_row(bitmask: np.ndarray, row: int) -> None:
+    """ValueError unless `bitmask` is a writeable C-contiguous u32[rows, words] array, IndexError unless
+    `row` is one of its rows: a backend writes a row through its address, so it must not be anything else."""
+    flags = bitmask.flags
+    if bitmask.dtype != np.uint32 or bitmask.ndim != 2 or not (flags.c_contiguous and flags.writeable):
+        raise ValueError(f"a mask is a writeable C-contiguous u32[rows, words] array, not {bitmask.dtype}"
+                         f"{list(bitmask.shape)}")
+    if not 0 <= row < bitmask.shape[0]:
+        raise IndexError(f"row {row} of a mask of {bitmask.shape[0]} rows")
 
 
 class GrammarMatcher:
@@ -40,12 +97,7 @@ class GrammarMatcher:
     def fill(self, bitmask: np.ndarray, row: int) -> None:
         """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words]: C-contiguous and
         writeable, else ValueError; a row out of range: IndexError)."""
-        flags = bitmask.flags
-        if bitmask.dtype != np.uint32 or bitmask.ndim != 2 or not (flags.c_contiguous and flags.writeable):
-            raise ValueError(f"a mask is a writeable C-contiguous u32[rows, words] array, not {bitmask.dtype}"
-                             f"{list(bitmask.shape)}")
-        if not 0 <= row < bitmask.shape[0]:
-            raise IndexError(f"row {row} of a mask of {bitmask.shape[0]} rows")
+        check_mask_row(bitmask, row)
         # llguidance writes the row through its address (what its numpy helper does, minus a view and a slice)
         row_bytes = bitmask.shape[1] * 4
         self._matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data + row * row_bytes, row_bytes)
@@ -70,7 +122,7 @@ class GrammarMatcher:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
 
-def fill_bitmask(matchers: Sequence[GrammarMatcher | None], num_rows: int | None = None) -> np.ndarray | None:
+def fill_bitmask(matchers: Sequence[GrammarState | None], num_rows: int | None = None) -> np.ndarray | None:
     """u32[num_rows, W] (num_rows defaults to len(matchers)): row i < len(matchers) the tokens matcher i
     allows next (all tokens for None), the rows past them all tokens; None when no row has a matcher (the
     step then keeps its unconstrained executable). One buffer, filled in place, that a step's sampling batch

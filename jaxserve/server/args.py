@@ -72,7 +72,8 @@ _ENGINE_FLAGS: tuple[tuple[str, Any, str], ...] = (
     ("--swa-full-tokens-ratio", float, "SWA pool size relative to the full pool (hybrid SWA models)"),
     ("--random-seed", int, "base seed of requests without their own (default: random per start)"),
     ("--grammar-backend", str, "constrained decoding (json_schema / regex / ebnf, response_format): "
-                               "llguidance (default) or none"),
+                               "llguidance (default), xgrammar (an optional extra: pip install "
+                               "'jaxserve[xgrammar]') or none"),
     ("--attention-backend", str, "attention kernels: ours (native, xla, ...) or SGLang's names (triton, "
                                  "fa3, flashinfer, torch_native, ...), mapped to the best of ours here"),
     ("--mem-fraction-static", float, "size the KV pool from device memory: weights + pools take this "

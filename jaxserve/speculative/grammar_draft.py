@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxserve.memory.host_buffers import aligned_full
-from jaxserve.sampling.grammar import GrammarMatcher
+from jaxserve.sampling.grammar import GrammarState
 
 _ALL = np.uint32(0xFFFFFFFF)
 
@@ -38,7 +38,7 @@ def _forced(mask_row: np.ndarray) -> int | None:
     return int(nonzero[0]) * 32 + word.bit_length() - 1
 
 
-def walk_drafts(matchers: Sequence[GrammarMatcher | None], drafts: np.ndarray,
+def walk_drafts(matchers: Sequence[GrammarState | None], drafts: np.ndarray,
                 num_words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Walk each request's grammar along its drafts (see the module docstring).
 
@@ -74,7 +74,7 @@ def walk_drafts(matchers: Sequence[GrammarMatcher | None], drafts: np.ndarray,
     return tokens, depth, bitmask
 
 
-def walk_tree(matchers: Sequence[GrammarMatcher | None], tokens: np.ndarray, parents: np.ndarray,
+def walk_tree(matchers: Sequence[GrammarState | None], tokens: np.ndarray, parents: np.ndarray,
               children: np.ndarray, num_words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The walk for draft trees: every node's mask is the grammar state after its path from the root. A node
     whose token its parent's state refuses takes the token that state forces, if it forces one; else (or

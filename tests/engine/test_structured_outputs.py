@@ -1,7 +1,7 @@
 """Constrained decoding end to end on the embedded default: outputs under random JSON schemas parse and
 validate (jsonschema is the independent judge), regex / EBNF outputs match, grammars are data (no
 compilation per grammar), and constrained outputs (greedy and seeded) are equal with and without EAGLE-3,
-whose rounds then accept drafts."""
+whose rounds then accept drafts. The same holds under the optional xgrammar backend."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from jaxserve.api import Engine
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.engine.errors import InvalidRequestError
 from jaxserve.sampling.errors import InvalidSamplingParamsError
+from jaxserve.speculative.loading import load_draft
 
 pytestmark = pytest.mark.slow  # builds models/engines or runs long: `pytest -m 'not slow'` skips it
 
@@ -150,3 +151,69 @@ def test_random_schema_outputs_equal_with_and_without_eagle3(engine, spec_engine
     for schema, out in zip(schemas, spec, strict=True):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", (schema, out["text"])
         jsonschema.validate(json.loads(out["text"]), schema)
+
+
+# --------------------------------------------------------------------------- xgrammar (--grammar-backend)
+@pytest.fixture(scope="module")
+def xg_engine(engine):
+    """The plain engine's model under the xgrammar backend (same graph: its compiled programs are shared)."""
+    return Engine(model=engine.model, tokenizer=engine.tokenizer, grammar_backend="xgrammar", **FLAGS)
+
+
+@pytest.fixture(scope="module")
+def xg_spec_engine(spec_engine):
+    return Engine(model=spec_engine.model, tokenizer=spec_engine.tokenizer, grammar_backend="xgrammar",
+                  draft_model=load_draft(spec_engine.args), speculative_algorithm="EAGLE3",
+                  speculative_draft_model_path=spec_engine.args.speculative_draft_model_path,
+                  speculative_policy="always", **FLAGS)
+
+
+@pytest.mark.slow
+def test_xgrammar_outputs_match_equal_under_eagle3_and_compile_nothing_new(xg_engine, xg_spec_engine):
+    """JSON schema, regex and EBNF under xgrammar, greedy and seeded: outputs are in their languages, the
+    EAGLE-3 engine's tokens are the plain engine's with drafts accepted, and new grammars are new mask data,
+    not new programs."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{0,8}$"},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    params = [{"temperature": 0, "max_new_tokens": 40, "json_schema": json.dumps(schema)},
+              {"temperature": 0, "max_new_tokens": 24, "regex": "[0-9]{3}-[a-z]+"},
+              {"temperature": 0, "max_new_tokens": 30, "ebnf": 'root ::= ("yes" | "no") " " [a-z ]+'},
+              {"temperature": 0.8, "seed": 7, "max_new_tokens": 40, "json_schema": json.dumps(schema)},
+              {"temperature": 1.0, "seed": 5, "max_new_tokens": 30, "regex": "(cat|dog)s?"},
+              {"temperature": 0, "max_new_tokens": 24}]  # unconstrained beside them
+    prompts = ["Hello", "The quick brown fox", "def main():", "Question:", "Once upon a time", "def main():"]
+    plain = xg_engine.generate(prompts, params)
+    for i in (0, 3):
+        assert plain[i]["meta_info"]["finish_reason"]["type"] == "stop", plain[i]["text"]
+        jsonschema.validate(json.loads(plain[i]["text"]), schema)
+    assert re.fullmatch(r"[0-9]{3}-[a-z]+", plain[1]["text"]), plain[1]["text"]
+    assert re.fullmatch(r"(yes|no) [a-z ]+", plain[2]["text"]), plain[2]["text"]
+    assert re.fullmatch(r"(cat|dog)s?", plain[4]["text"]), plain[4]["text"]
+    spec = xg_spec_engine.generate(prompts, params)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    for i in (0, 2, 3):
+        assert spec[i]["meta_info"]["spec_accept_length"] > 1.5, (i, spec[i]["meta_info"])
+    compiles = dict(xg_engine.stepper.num_compiles)
+    renamed = [{**params[0], "json_schema": json.dumps(schema, indent=1)},
+               {**params[1], "regex": "([0-9]{3}-[a-z]+)"},
+               {**params[2], "ebnf": 'root ::= ("yes" | "no") (" ") [a-z ]+'}, *params[3:]]
+    again = xg_engine.generate(prompts, renamed)  # the same batch: the same step shapes
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in plain]
+    assert xg_engine.stepper.num_compiles == compiles
+
+
+@pytest.mark.slow
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(schemas=st.lists(SCHEMAS, min_size=12, max_size=12), temperature=st.sampled_from([0.0, 1.0]))
+def test_xgrammar_random_schema_outputs_validate_and_equal_under_eagle3(xg_engine, xg_spec_engine, schemas,
+                                                                         temperature):
+    params = [{"json_schema": json.dumps(s), "temperature": temperature, "seed": i, "max_new_tokens": 200}
+              for i, s in enumerate(schemas)]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(schemas))]
+    plain = xg_engine.generate(prompts, params)
+    for schema, out in zip(schemas, plain, strict=True):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (schema, out["text"])
+        jsonschema.validate(json.loads(out["text"]), schema)
+    spec = xg_spec_engine.generate(prompts, params)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
