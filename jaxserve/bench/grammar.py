@@ -3,6 +3,7 @@
     python -m jaxserve.bench.grammar                 # batch 8, 256 output tokens, 12 repeats
     python -m jaxserve.bench.grammar --batch 16
     python -m jaxserve.bench.grammar --eagle3       # also both batches under EAGLE-3 (the embedded draft)
+    python -m jaxserve.bench.grammar --xgrammar     # also the regex batch under the xgrammar backend
 
 Model: the embedded default (its tokenizer builds the grammar's vocabulary). The same `--batch` prompts
 decode `--max-new-tokens` tokens (greedy, ignore_eos) unconstrained, then each under the regex
@@ -18,6 +19,10 @@ schedule a constrained step is cut in two (`engine.split_step`: the forward runs
 applies the step before and fills the masks). The run also times both batches with the overlap schedule
 off (`plain_sync`, `regex_sync`: each constrained step applied as it is dispatched, the fused step), so
 `regex_over_plain_sync` is the mask's own cost and `regex_over_regex_sync` what the split schedule gains.
+
+`--xgrammar` adds the constrained batch on an engine over the same model with `grammar_backend="xgrammar"`
+(the optional extra) to the same alternation: `regex_xgrammar_over_plain` is its mask cost, as
+`regex_over_plain` is llguidance's, and `regex_xgrammar_over_regex` compares the two libraries.
 
 `--eagle3` adds both batches on an EAGLE-3 engine (its own copy of the target, loaded to capture the
 draft's hidden states; the embedded draft; a round every step) to the same
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=12, help="timed passes of each kind (ABBA)")
     parser.add_argument("--eagle3", action="store_true", help="also time both batches under EAGLE-3")
+    parser.add_argument("--xgrammar", action="store_true",
+                        help="also time the constrained batch under the xgrammar backend (an optional extra)")
     args = parser.parse_args(argv)
     flags = dict(page_size=16, max_total_tokens=8192, chunked_prefill_size=64,
                  max_running_requests=max(args.batch, 1), random_seed=0)
@@ -78,6 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     # load change between two passes a ratio divides is then as unlikely as the machine allows
     kinds = {"plain": (engine, base), "regex": (engine, constrained), "plain_sync": (sync, base),
              "regex_sync": (sync, constrained)}
+    if args.xgrammar:
+        xgrammar = Engine(model=engine.model, tokenizer=engine.tokenizer, grammar_backend="xgrammar", **flags)
+        kinds["regex_xgrammar"] = (xgrammar, constrained)
     if args.eagle3:
         spec = Engine(model_path=str(EMBEDDED_MODEL_DIR), speculative_algorithm="EAGLE3",
                       speculative_draft_model_path=str(EMBEDDED_MODEL_DIR / "draft"), **flags)
@@ -106,6 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
               "regex_over_plain_of_medians": round(median["regex"] / median["plain"], 3),
               "regex_over_plain_sync": ratio("regex", "plain_sync"),
               "regex_over_regex_sync": ratio("regex", "regex_sync")}
+    if args.xgrammar:
+        result.update({"regex_xgrammar_over_plain": ratio("regex_xgrammar", "plain"),
+                       "regex_xgrammar_over_regex": ratio("regex_xgrammar", "regex")})
     if args.eagle3:
         for name in ("eagle3_plain", "eagle3_regex"):
             result[f"{name}_accept_length"] = round(statistics.median(a for _, a in runs[name]), 3)
@@ -119,6 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"regex / plain {result['regex_over_plain']:.3f}, "
           f"regex / plain without overlap {result['regex_over_plain_sync']:.3f}; "
           f"{compiles} compilations during the timed passes")
+    if args.xgrammar:
+        print(f"xgrammar: regex {median['regex_xgrammar']:.1f} tok/s; regex / plain "
+              f"{result['regex_xgrammar_over_plain']:.3f}, xgrammar / llguidance "
+              f"{result['regex_xgrammar_over_regex']:.3f}")
     if args.eagle3:
         r = result
         print(f"under EAGLE-3: plain {median['eagle3_plain']:.1f} tok/s (accept length "
