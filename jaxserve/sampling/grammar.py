@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxserve.memory.host_buffers import aligned_full
 from jaxserve.sampling.errors import InvalidSamplingParamsError
+from jaxserve.sampling.params import GRAMMAR_KINDS
 
 GRAMMAR_BACKENDS = ("llguidance", "xgrammar", "none")  # xgrammar: an optional extra (it imports torch)
 _CACHE_SIZE = 256  # compiled grammars kept (LRU)
@@ -51,9 +52,9 @@ class GrammarState(Protocol):
 
 
 class ConstraintBackend(Protocol):
-    """A grammar library over one tokenizer: `compile(kind, source)` checks and caches a grammar (kind
-    json_schema, regex or ebnf; InvalidSamplingParamsError naming what is wrong), `matcher` hands a request
-    its own state. `num_words`: the mask width, ceil(V / 32)."""
+    """A grammar library over one tokenizer: `compile(kind, source)` checks and caches a grammar (a kind of
+    GRAMMAR_KINDS; InvalidSamplingParamsError naming what is wrong), `matcher` hands a request its own state.
+    `num_words`: the mask width, ceil(V / 32)."""
 
     num_words: int
 
@@ -162,9 +163,12 @@ class GrammarBackend:
                 return matcher_cls.grammar_from_regex(source)
             if kind == "ebnf":
                 return self._llg.grammar_from("ebnf", source)
+            if kind == "lark":
+                return self._llg.grammar_from("lark", source)
         except (ValueError, TypeError, RuntimeError) as exc:  # malformed JSON, a grammar llguidance rejects
             raise InvalidSamplingParamsError(f"{kind} is not a valid grammar: {exc}") from None
-        raise InvalidSamplingParamsError(f"unknown grammar kind {kind!r}; use json_schema, regex or ebnf")
+        raise InvalidSamplingParamsError(f"unknown grammar kind {kind!r}; use one of "
+                                         f"{', '.join(GRAMMAR_KINDS)}")
 
     def compile(self, kind: str, source: str) -> None:
         """Compile (and cache) the grammar; raises InvalidSamplingParamsError naming what is wrong. Cost: up

@@ -14,6 +14,9 @@ Where the two libraries differ, this module makes xgrammar follow our rules:
   end-of-sequence ids (xgrammar itself refuses to compute a mask there).
 - A token the mask forbade (impossible when the mask was applied) puts the matcher in an error state
   reported by `error`, where xgrammar only returns False.
+- Lark grammars (kind "lark", llguidance's format; `tool_choice` enforcement is written in it, with JSON
+  schemas and harmony's special tokens inside) go to llguidance, a dependency either way; their matchers
+  keep the same contract, so one batch may mix both libraries' masks.
 Rollback has no bound (speculative rounds roll back at most their draft length).
 """
 
@@ -26,7 +29,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from jaxserve.sampling.errors import InvalidSamplingParamsError
-from jaxserve.sampling.grammar import check_mask_row
+from jaxserve.sampling.grammar import GrammarBackend, GrammarMatcher, check_mask_row
+from jaxserve.sampling.params import GRAMMAR_KINDS
 
 _SEPARATORS = (", ", ": ")
 _SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # where in xgrammar's C++ an error was raised
@@ -93,6 +97,7 @@ class XGrammarBackend:
 
         self._xgr = xgrammar
         eos = sorted({int(i) for i in eos_token_ids})
+        self._lark = GrammarBackend(tokenizer_json, vocab_size, eos)  # kind "lark"
         tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
         # the vocabulary type (byte-level, byte-fallback, raw) and prefix-space rule, read by xgrammar
         hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
@@ -127,14 +132,20 @@ class XGrammarBackend:
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             message = _SOURCE_PREFIX.sub("", lines[-1])  # "[12:00:00] /project/cpp/x.cc:75: " says nothing
             raise InvalidSamplingParamsError(f"{kind} is not a valid grammar: {message}") from None
-        raise InvalidSamplingParamsError(f"unknown grammar kind {kind!r}; use json_schema, regex or ebnf")
+        raise InvalidSamplingParamsError(f"unknown grammar kind {kind!r}; use one of "
+                                         f"{', '.join(GRAMMAR_KINDS)}")
 
     def compile(self, kind: str, source: str) -> None:
         """Compile (and cache) the grammar; raises InvalidSamplingParamsError naming what is wrong."""
-        self._compile(kind, source)
+        if kind == "lark":
+            self._lark.compile(kind, source)
+        else:
+            self._compile(kind, source)
 
-    def matcher(self, kind: str, source: str) -> XGrammarMatcher:
+    def matcher(self, kind: str, source: str) -> XGrammarMatcher | GrammarMatcher:
         """A fresh matcher for the grammar (compiled now if not cached)."""
+        if kind == "lark":
+            return self._lark.matcher(kind, source)
         compiled = self._compile(kind, source)
         return XGrammarMatcher(self._xgr.GrammarMatcher(compiled, max_rollback_tokens=-1), self.num_words,
                                self._stop_words)

@@ -15,6 +15,10 @@ from typing import Any
 
 from jaxserve.sampling.errors import InvalidSamplingParamsError
 
+# what a request's grammar can be: SGLang's three sampling params, and Lark (llguidance's own format, which
+# llguidance compiles whatever the grammar backend: `tool_choice` enforcement is written in it)
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "lark")
+
 # SGLang treats temperatures below this as greedy decoding; so do we (see `is_greedy`).
 GREEDY_TEMPERATURE_EPS = 1e-5
 # Most entries of one request's logit_bias, and most top logprobs per token (OpenAI's limit): both are
@@ -118,7 +122,8 @@ class SamplingParams:
     likely tokens at each step. Both are of the model's raw distribution (see `SampleOutput`).
     prompt_logprobs: also each prompt token's logprob given the tokens before it (and its top ones); the
     prompt is then computed whole (no prefix-cache reuse at first admission).
-    json_schema / regex / ebnf: constrain the output to a grammar (at most one; see `grammar`).
+    json_schema / regex / ebnf / lark: constrain the output to a grammar (at most one; see `grammar`). `lark`
+    is llguidance's Lark format, compiled by llguidance whatever the grammar backend.
     """
 
     max_new_tokens: int = 128
@@ -142,6 +147,7 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    lark: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens)
@@ -180,12 +186,12 @@ class SamplingParams:
         if not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise _fail("top_logprobs_num", self.top_logprobs_num, f"an int in [0, {MAX_TOP_LOGPROBS}]")
         object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
-        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        grammars = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
         for name in grammars:
             if not isinstance(getattr(self, name), str):
                 raise _fail(name, getattr(self, name), "a string")
         if len(grammars) > 1:
-            raise _fail(" / ".join(grammars), "...", "at most one of json_schema, regex and ebnf")
+            raise _fail(" / ".join(grammars), "...", f"at most one of {', '.join(GRAMMAR_KINDS)}")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> SamplingParams:
@@ -230,8 +236,8 @@ class SamplingParams:
 
     @property
     def grammar(self) -> tuple[str, str] | None:
-        """(kind, source) of the output constraint - kind "json_schema", "regex" or "ebnf" - or None."""
-        for kind in ("json_schema", "regex", "ebnf"):
+        """(kind, source) of the output constraint - a kind of GRAMMAR_KINDS - or None."""
+        for kind in GRAMMAR_KINDS:
             if getattr(self, kind) is not None:
                 return kind, getattr(self, kind)
         return None

@@ -10,9 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from jaxserve.sampling.errors import InvalidSamplingParamsError
+from jaxserve.sampling.params import GRAMMAR_KINDS
 from jaxserve.server.engine_loop import EngineLoop
-
-_KINDS = ("json_schema", "regex", "ebnf")
 
 
 async def precompile(loop: EngineLoop, params: Iterable[dict[str, Any]]) -> None:
@@ -20,7 +19,7 @@ async def precompile(loop: EngineLoop, params: Iterable[dict[str, Any]]) -> None
     backend = loop.engine.grammar
     if backend is None:
         return
-    grammars = {(k, p[k]) for p in params for k in _KINDS if isinstance(p.get(k), str)}
+    grammars = {(k, p[k]) for p in params for k in GRAMMAR_KINDS if isinstance(p.get(k), str)}
     for kind, source in grammars:
         try:
             await asyncio.get_running_loop().run_in_executor(None, backend.compile, kind, source)

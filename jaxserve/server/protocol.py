@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from jaxserve.sampling.params import GRAMMAR_KINDS
+
 MAX_BATCH = 256  # prompts (times n) per request
 MAX_N = 64  # results per prompt (`n`)
 
@@ -163,6 +165,7 @@ class _OpenAISampling(_Strict):
     json_schema: StrictStr | None = None  # SGLang's constrained decoding extras
     regex: StrictStr | None = None
     ebnf: StrictStr | None = None
+    lark: StrictStr | None = None  # ours: llguidance's Lark format, whatever the grammar backend
     # accepted and ignored
     user: str | None = None
     store: StrictBool | None = None
@@ -173,12 +176,12 @@ class _OpenAISampling(_Strict):
         """The engine's sampling params for one choice (logprob fields are added by each request kind)."""
         names = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "frequency_penalty",
                  "presence_penalty", "repetition_penalty", "stop_token_ids", "ignore_eos",
-                 "skip_special_tokens", "logit_bias", "json_schema", "regex", "ebnf")
+                 "skip_special_tokens", "logit_bias", *GRAMMAR_KINDS)
         params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.response_format is not None:
             grammar = self.response_format.grammar()
-            if grammar and any(k in params for k in ("json_schema", "regex", "ebnf")):
-                raise ValueError("give response_format or one of json_schema / regex / ebnf, not both")
+            if grammar and any(k in params for k in GRAMMAR_KINDS):
+                raise ValueError(f"give response_format or one of {' / '.join(GRAMMAR_KINDS)}, not both")
             params.update(grammar)
         if max_new_tokens is not None:
             params["max_new_tokens"] = max_new_tokens

@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from jaxserve.sampling.params import GRAMMAR_KINDS
 from jaxserve.server import grammars, harmony, openai_logprobs, parallel, streaming, tool_calls, tool_choice
 from jaxserve.server.engine_loop import Event
 from jaxserve.server.errors import APIError
@@ -36,7 +37,6 @@ from jaxserve.server.protocol import (
 )
 
 router = APIRouter()
-_GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")  # sampling params that constrain the output
 
 
 def _finish_reason(meta: dict) -> str | None:
@@ -79,16 +79,17 @@ async def _params(state, body, max_new_tokens: int | None,
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
     if grammar:
-        if any(k in params for k in _GRAMMAR_KINDS):
+        if any(k in params for k in GRAMMAR_KINDS):
             raise APIError(400, "tool_choice 'required' or a named function cannot be combined with "
-                                "response_format, json_schema, regex or ebnf")
+                                "response_format, json_schema, regex, ebnf or lark")
         params.update(grammar)
     await grammars.precompile(state.loop, [params])
     return params
 
 
 def _tool_grammar(state, body: ChatCompletionRequest) -> dict[str, str]:
-    """{"ebnf": source} enforcing a "required" or named `tool_choice`; {} for the other choices."""
+    """{"lark": source} enforcing a "required" or named `tool_choice` (compiled by llguidance whatever the
+    grammar backend); {} for the other choices."""
     try:
         tools = tool_choice.chosen_tools(body.tools, required=body.tool_choice == "required",
                                          name=body.forced_tool)
@@ -97,9 +98,9 @@ def _tool_grammar(state, body: ChatCompletionRequest) -> dict[str, str]:
     if not tools:
         return {}
     if harmony.is_harmony(state.loop.engine.tokenizer):
-        return {"ebnf": tool_choice.harmony_grammar(tools)}
+        return {"lark": tool_choice.harmony_grammar(tools)}
     if tool_calls.uses_tool_call_tags(state.chat_template.source):
-        return {"ebnf": tool_choice.tag_grammar(tools, parallel=body.parallel_tool_calls is not False)}
+        return {"lark": tool_choice.tag_grammar(tools, parallel=body.parallel_tool_calls is not False)}
     raise APIError(400, "tool_choice 'required' or a named function needs a model that writes tool calls "
                         "(a harmony model, or a chat template with <tool_call> blocks); this one does not")
 

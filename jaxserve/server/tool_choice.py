@@ -1,5 +1,5 @@
-"""OpenAI `tool_choice` "required" and named functions, enforced by a grammar (a Lark source for the
-grammar backend's `ebnf` kind) rather than asked of the model.
+"""OpenAI `tool_choice` "required" and named functions, enforced by a grammar (a source of the `lark`
+grammar kind, which llguidance compiles whatever the grammar backend) rather than asked of the model.
 
 The grammar admits only tool calls in the model's own call format, each call's arguments valid against its
 tool's `parameters` JSON schema (laid out as `json.dumps` does, no free whitespace):

@@ -145,12 +145,30 @@ def test_fill_refuses_a_buffer_it_would_write_out_of(backend):
     ("json_schema", "{not json", "json_schema is not a valid grammar: Expecting property name"),
     ("regex", "(unclosed", "regex is not a valid grammar: Regex parsing error"),
     ("ebnf", "root ::= (", "ebnf is not a valid grammar: EBNF parser error"),
-    ("lark", "start: x", "unknown grammar kind"),
+    ("lark", "start: (", "lark is not a valid grammar"),
+    ("gbnf", "root ::= x", "unknown grammar kind"),
 ])
 def test_bad_grammars_are_named_without_xgrammars_source_location(backend, kind, source, message):
     with pytest.raises(InvalidSamplingParamsError, match=message) as info:
         backend.compile(kind, source)
     assert ".cc:" not in str(info.value)
+
+
+def test_lark_grammars_go_to_llguidance_with_the_same_contract(backend, tok, texts):
+    """The `lark` kind (what tool_choice enforcement is written in) under the xgrammar backend: its masks
+    allow exactly the tokens that keep the text a prefix of the grammar's strings."""
+    matcher, text = backend.matcher("lark", 'start: "yes" | "no" | "maybe"'), ""
+    words = ("yes", "no", "maybe")
+    while not matcher.stopped:
+        allowed = _allowed(fill_bitmask([matcher])[0])
+        expected = {i for i, t in enumerate(texts) if t and any(w.startswith(text + t) for w in words)}
+        assert allowed - set(tok.eos_token_ids) <= expected and allowed, text
+        token = min(allowed - set(tok.eos_token_ids), default=None)
+        if token is None:
+            break
+        matcher.advance(token)
+        text += texts[token]
+    assert text in words
 
 
 def test_the_backend_is_chosen_by_name_and_a_missing_package_is_named(tok, monkeypatch):

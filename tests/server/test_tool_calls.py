@@ -32,14 +32,31 @@ MESSAGES = [{"role": "user", "content": "weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     directory = write_tiny_checkpoint(tmp_path_factory.mktemp("tools"))
     config = json.loads((directory / "tokenizer_config.json").read_text())
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return directory
+
+
+def _serve(directory, *extra: str):
     proc = ServerProcess(["--model-path", str(directory), *flags_of(
-        {"page_size": 16, "max_total_tokens": 2048, "chunked_prefill_size": 64, "max_running_requests": 4})])
+        {"page_size": 16, "max_total_tokens": 2048, "chunked_prefill_size": 64, "max_running_requests": 4}),
+        *extra])
     yield openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=120), proc
     assert proc.stop() == 0, "".join(proc.stderr[-30:])
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    yield from _serve(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def served_xgrammar(checkpoint):
+    """The same model under `--grammar-backend xgrammar`: tool_choice grammars (the `lark` kind) are
+    compiled by llguidance there too."""
+    yield from _serve(checkpoint, "--grammar-backend", "xgrammar")
 
 
 def test_tool_call_block_becomes_tool_calls_plain_and_streamed(served):
@@ -93,10 +110,12 @@ BOUNDED = [{"type": "function", "function": {"name": "get_weather", "parameters"
            {"type": "function", "function": {"name": "add", "parameters": SUM}}]
 
 
-def test_required_and_named_tool_choice_are_enforced(served):
+@pytest.mark.parametrize("server", ["served", "served_xgrammar"])
+def test_required_and_named_tool_choice_are_enforced(request, server):
     """The random model, left to itself ("auto"), writes no call; "required" and a named function make it
-    call (plain and streamed), with arguments valid for the chosen tool's schema; "none" reads no calls."""
-    client, proc = served
+    call (plain and streamed), with arguments valid for the chosen tool's schema; "none" reads no calls.
+    Under either grammar backend."""
+    client, proc = request.getfixturevalue(server)
     schemas = {"get_weather": CITY, "add": SUM}
     kwargs = dict(model="any", messages=MESSAGES, max_tokens=80, temperature=0, tools=BOUNDED)
     free = client.chat.completions.create(**kwargs)

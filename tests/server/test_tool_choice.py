@@ -1,7 +1,8 @@
 """`tool_choice` grammars without a model: random walks through the grammar's token masks (any token the
 mask allows, on a real tokenizer) must decode to outputs that the tool-call parsers read as calls of the
 chosen tools, with arguments that `jsonschema` validates against the tool's parameters; bad choices are
-named. The served side (the official client, 400s) is in test_tool_calls.py and test_harmony.py."""
+named. Both grammar backends: the grammars are of the `lark` kind, which llguidance compiles under
+xgrammar too. The served side (the official client, 400s) is in test_tool_calls.py and test_harmony.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.loader.tokenizer import HFTokenizer
-from jaxserve.sampling.grammar import GrammarBackend, fill_bitmask
+from jaxserve.sampling.grammar import ConstraintBackend, fill_bitmask, make_grammar_backend
 from jaxserve.server import harmony, tool_calls, tool_choice
 from tests.server.checkpoint import HARMONY_SPECIALS, write_harmony_tokenizer
 
@@ -33,12 +34,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 SCHEMAS = {"get_weather": WEATHER, "add": ADD, "move": MOVE}
 
 
-def _walk(backend: GrammarBackend, tok: HFTokenizer, source: str, vocab: int, seed: int,
+def _walk(backend: ConstraintBackend, tok: HFTokenizer, source: str, vocab: int, seed: int,
           specials: set[int], eos: set[int]) -> str:
     """The text of one random path through the grammar (each token drawn uniformly from the allowed ones;
     an allowed one of `specials` is taken with probability 1/3, so that free text ends). `eos` ends the
     output without being part of its text."""
-    matcher, rng, out = backend.matcher("ebnf", source), random.Random(seed), []
+    matcher, rng, out = backend.matcher("lark", source), random.Random(seed), []
     for _ in range(400):
         bits = np.unpackbits(fill_bitmask([matcher])[0].view(np.uint8), bitorder="little")[:vocab]
         allowed = np.nonzero(bits)[0].tolist()
@@ -62,10 +63,10 @@ def _check_calls(calls: list[harmony.ToolCall], allowed: set[str]) -> None:
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
 
 
-@pytest.fixture(scope="module")
-def embedded():
+@pytest.fixture(scope="module", params=["llguidance", "xgrammar"])
+def embedded(request):
     tok = HFTokenizer(EMBEDDED_MODEL_DIR)
-    return GrammarBackend(tok.to_json(), 1024, tok.eos_token_ids), tok
+    return make_grammar_backend(request.param, tok.to_json(), 1024, tok.eos_token_ids), tok
 
 
 @pytest.mark.parametrize("name,parallel", [(None, True), (None, False), ("add", True)])
@@ -85,11 +86,13 @@ def test_tool_call_blocks_parse_and_validate(embedded, name, parallel):
     assert (max(counts) > 1) == parallel
 
 
-def test_harmony_call_parses_and_validates(tmp_path):
+@pytest.mark.parametrize("backend_name", ["llguidance", "xgrammar"])
+def test_harmony_call_parses_and_validates(tmp_path, backend_name):
     write_harmony_tokenizer(tmp_path, "")
     tok = HFTokenizer(tmp_path)
     specials = {tok.token_to_id(t) for t in HARMONY_SPECIALS}
-    backend = GrammarBackend(tok.to_json(), 512, [tok.token_to_id("<|return|>"), tok.token_to_id("<|call|>")])
+    backend = make_grammar_backend(backend_name, tok.to_json(), 512,
+                                   [tok.token_to_id("<|return|>"), tok.token_to_id("<|call|>")])
     for name in (None, "get_weather"):
         tools = tool_choice.chosen_tools(TOOLS, required=name is None, name=name)
         source = tool_choice.harmony_grammar(tools)
