@@ -11,7 +11,8 @@ Where the two libraries differ, this module makes xgrammar follow our rules:
 - JSON is laid out as `json.dumps` lays it out (", " and ": ", no other whitespace), as with llguidance: a
   small model cannot pad an object with blanks forever.
 - A matcher that consumed an end-of-sequence token has ended (`stopped`); its mask then allows only the
-  end-of-sequence ids (xgrammar itself refuses to compute a mask there).
+  end-of-sequence ids (xgrammar itself refuses to compute a mask there), and more of them (a request with
+  `ignore_eos` goes on) change nothing.
 - A token the mask forbade (impossible when the mask was applied) puts the matcher in an error state
   reported by `error`, where xgrammar only returns False.
 - Lark grammars (kind "lark", llguidance's format; `tool_choice` enforcement is written in it, with JSON
@@ -46,7 +47,10 @@ class XGrammarMatcher:
         self.num_words = num_words
         self._stop_words = stop_words  # u32[num_words]: the end-of-sequence ids
         self._error: str | None = None
-        self._rejected = 0  # tokens consumed since the error (rolled back before the error clears)
+        # tokens consumed that xgrammar did not see - an end after the end (ignore_eos lets a request go on
+        # after its grammar ended), or any token from an error on - always the last ones consumed
+        self._unseen = 0
+        self._error_at = 0  # how many unseen tokens came before the one in error
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
         """Write the tokens allowed next into `bitmask[row]` (u32[rows, num_words], C-contiguous and
@@ -59,21 +63,31 @@ class XGrammarMatcher:
 
     def advance(self, token_id: int) -> None:
         """Consume an output token (one the mask allowed); a forbidden one leaves the matcher in its error
-        state, reported by `error`."""
-        if self._error is not None:
-            self._rejected += 1
-        elif not self._matcher.accept_token(int(token_id)):
-            self._error = f"token {int(token_id)} is not allowed by the grammar here"
-            self._rejected = 1
+        state, reported by `error`. An end-of-sequence token after the grammar ended changes nothing."""
+        token_id = int(token_id)
+        if self._error is None:
+            if not self._matcher.is_terminated():
+                if self._matcher.accept_token(token_id):
+                    return
+            elif self._is_stop(token_id):
+                self._unseen += 1
+                return
+            self._error, self._error_at = f"token {token_id} is not allowed by the grammar here", self._unseen
+        self._unseen += 1
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` consumed tokens (the state is then as before them)."""
-        undo_rejected = min(num_tokens, self._rejected)
-        self._rejected -= undo_rejected
-        if undo_rejected and not self._rejected:
+        unseen = min(num_tokens, self._unseen)
+        self._unseen -= unseen
+        if self._error is not None and self._unseen <= self._error_at:
             self._error = None
-        if num_tokens - undo_rejected:
-            self._matcher.rollback(num_tokens - undo_rejected)
+        if num_tokens > unseen:
+            self._matcher.rollback(num_tokens - unseen)
+
+    def _is_stop(self, token_id: int) -> bool:
+        if not 0 <= token_id < self.num_words * 32:
+            return False
+        return bool((int(self._stop_words[token_id >> 5]) >> (token_id & 31)) & 1)
 
     @property
     def stopped(self) -> bool:

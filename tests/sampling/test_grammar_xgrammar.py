@@ -121,6 +121,26 @@ def test_a_forbidden_token_is_an_error_until_rolled_back(backend, tok):
     assert matcher.error is None and np.array_equal(fill_bitmask([matcher])[0], before)
 
 
+def test_ends_after_the_end_change_nothing_and_roll_back(backend, tok):
+    """With ignore_eos a request goes on after its grammar ended: more end-of-sequence tokens are no error,
+    anything else is; rolling back past them returns to the grammar's last state."""
+    [eos] = tok.eos_token_ids
+    matcher = backend.matcher("regex", "ab")
+    for token in tok.encode("ab", add_special_tokens=False):
+        matcher.advance(token)
+    before_end = fill_bitmask([matcher])[0].copy()
+    assert _allowed(before_end) == {eos}
+    for _ in range(3):
+        matcher.advance(eos)
+        assert matcher.stopped and matcher.error is None and _allowed(fill_bitmask([matcher])[0]) == {eos}
+    matcher.advance(tok.encode("x", add_special_tokens=False)[0])
+    assert matcher.error is not None
+    matcher.rollback(1)
+    assert matcher.error is None and matcher.stopped
+    matcher.rollback(3)
+    assert not matcher.stopped and np.array_equal(fill_bitmask([matcher])[0], before_end)
+
+
 def test_matchers_of_one_grammar_are_independent(backend, tok):
     schema = json.dumps({"type": "boolean"})
     a, b = backend.matcher("json_schema", schema), backend.matcher("json_schema", schema)
