@@ -18,7 +18,7 @@ Where the two libraries differ, this module makes xgrammar follow our rules:
 - Lark grammars (kind "lark", llguidance's format; `tool_choice` enforcement is written in it, with JSON
   schemas and harmony's special tokens inside) go to llguidance, a dependency either way; their matchers
   keep the same contract, so one batch may mix both libraries' masks.
-Rollback has no bound (speculative rounds roll back at most their draft length).
+Rollback has no bound in xgrammar 0.2 (speculative rounds roll back at most their draft length).
 """
 
 from __future__ import annotations
@@ -161,5 +161,4 @@ class XGrammarBackend:
         if kind == "lark":
             return self._lark.matcher(kind, source)
         compiled = self._compile(kind, source)
-        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled, max_rollback_tokens=-1), self.num_words,
-                               self._stop_words)
+        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled), self.num_words, self._stop_words)
