@@ -1,5 +1,6 @@
-"""`GrammarBackend` / `fill_bitmask` on the embedded tokenizer: masks against a brute-force reading of the
-vocabulary, bad grammars named, matchers independent."""
+"""Both grammar backends (llguidance, xgrammar) and `fill_bitmask` on the embedded tokenizer: masks against a
+brute-force reading of the vocabulary, bad grammars named, matchers independent. The xgrammar backend's own
+rules are in test_grammar_xgrammar.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from jaxserve.assets import EMBEDDED_MODEL_DIR
 from jaxserve.loader.tokenizer import HFTokenizer
 from jaxserve.sampling.errors import InvalidSamplingParamsError
-from jaxserve.sampling.grammar import GrammarBackend, fill_bitmask
+from jaxserve.sampling.grammar import fill_bitmask, make_grammar_backend
 
 VOCAB = 1024
 
@@ -21,9 +22,9 @@ def tok():
     return HFTokenizer(EMBEDDED_MODEL_DIR)
 
 
-@pytest.fixture(scope="module")
-def backend(tok):
-    return GrammarBackend(tok.to_json(), VOCAB, tok.eos_token_ids)
+@pytest.fixture(scope="module", params=["llguidance", "xgrammar"])
+def backend(tok, request):
+    return make_grammar_backend(request.param, tok.to_json(), VOCAB, tok.eos_token_ids)
 
 
 def _allowed(mask_row: np.ndarray) -> set[int]:

@@ -141,26 +141,6 @@ def test_ends_after_the_end_change_nothing_and_roll_back(backend, tok):
     assert not matcher.stopped and np.array_equal(fill_bitmask([matcher])[0], before_end)
 
 
-def test_matchers_of_one_grammar_are_independent(backend, tok):
-    schema = json.dumps({"type": "boolean"})
-    a, b = backend.matcher("json_schema", schema), backend.matcher("json_schema", schema)
-    a.advance(tok.encode("t", add_special_tokens=False)[0])
-    assert _allowed(fill_bitmask([a])[0]) != _allowed(fill_bitmask([b])[0])
-
-
-def test_fill_refuses_a_buffer_it_would_write_out_of(backend):
-    matcher = backend.matcher("regex", "[0-9]+")
-    words = VOCAB // 32
-    frozen = np.zeros((2, words), np.uint32)
-    frozen.flags.writeable = False
-    for bad in (np.zeros((2, words), np.int64), np.zeros((2, 2 * words), np.uint32)[:, ::2],
-                np.zeros(words, np.uint32), frozen):
-        with pytest.raises(ValueError):
-            matcher.fill(bad, 0)
-    with pytest.raises(IndexError):
-        matcher.fill(np.zeros((2, words), np.uint32), 2)
-
-
 @pytest.mark.parametrize("kind,source,message", [
     ("json_schema", "{not json", "json_schema is not a valid grammar: Expecting property name"),
     ("regex", "(unclosed", "regex is not a valid grammar: Regex parsing error"),
