@@ -1,8 +1,9 @@
 """`--grammar-backend xgrammar` (SGLang's default grammar library, our optional extra) on the main job's
 setup - the embedded target with its EAGLE-3 head and the radix cache - through the official `openai`
-client: response_format json_schema (whole and streamed), SGLang's regex / ebnf extras and a bad grammar's
-400. Greedy outputs equal an in-process plain (non-speculative) engine under the same backend, so the
-grammar walk along EAGLE-3's drafts is lossless through the whole HTTP path."""
+client: response_format json_schema (whole and streamed), SGLang's regex / ebnf extras, our `lark`
+(compiled by llguidance under either backend) and a bad grammar's 400. Greedy outputs equal an in-process
+plain (non-speculative) engine under the same backend, so the grammar walk along EAGLE-3's drafts is
+lossless through the whole HTTP path."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def plain():
 def test_completions_under_each_grammar_kind_equal_plain_decoding(oai, client, plain):
     cases = [("Data:", {"json_schema": json.dumps(SCHEMA)}, 60),
              ("Phone:", {"regex": r"\d{3}-\d{4}"}, 20),
-             ("Answer:", {"ebnf": 'root ::= ("yes" | "no") " " [a-z ]+'}, 24)]
+             ("Answer:", {"ebnf": 'root ::= ("yes" | "no") " " [a-z ]+'}, 24),
+             ("Answer:", {"lark": 'start: ("yes" | "no") "!"'}, 8)]  # llguidance's, under xgrammar too
     texts = []
     for prompt, grammar, max_tokens in cases:
         out = oai.completions.create(model="any", prompt=prompt, max_tokens=max_tokens, temperature=0,
@@ -67,6 +69,7 @@ def test_completions_under_each_grammar_kind_equal_plain_decoding(oai, client, p
     jsonschema.validate(json.loads(texts[0]), SCHEMA)
     assert re.fullmatch(r"\d{3}-\d{4}", texts[1]), texts[1]
     assert re.fullmatch(r"(yes|no) [a-z ]+", texts[2]), texts[2]
+    assert texts[3] in ("yes!", "no!"), texts[3]
     assert_kv_baseline(client)
 
 
