@@ -29,7 +29,7 @@ GRAMMAR_BACKENDS = ("llguidance", "xgrammar", "none")  # xgrammar: an optional e
 _CACHE_SIZE = 256  # compiled grammars kept (LRU)
 # JSON output laid out as json.dumps does, no other whitespace: a small model cannot pad it with blanks
 # forever (flexible whitespace lets it)
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class GrammarState(Protocol):
@@ -158,7 +158,7 @@ class GrammarBackend:
         matcher_cls = self._llg.LLMatcher
         try:
             if kind == "json_schema":
-                return matcher_cls.grammar_from_json_schema(json.loads(source), defaults=_JSON_LAYOUT)
+                return matcher_cls.grammar_from_json_schema(json.loads(source), defaults=JSON_LAYOUT)
             if kind == "regex":
                 return matcher_cls.grammar_from_regex(source)
             if kind == "ebnf":

@@ -30,10 +30,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from jaxserve.sampling.errors import InvalidSamplingParamsError
-from jaxserve.sampling.grammar import GrammarBackend, GrammarMatcher, check_mask_row
+from jaxserve.sampling.grammar import JSON_LAYOUT, GrammarBackend, GrammarMatcher, check_mask_row
 from jaxserve.sampling.params import GRAMMAR_KINDS
 
-_SEPARATORS = (", ", ": ")
+_SEPARATORS = (JSON_LAYOUT["item_separator"], JSON_LAYOUT["key_separator"])
 _SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # where in xgrammar's C++ an error was raised
 _CACHE_BYTES = 256 << 20  # compiled grammars kept by xgrammar's own cache
 
@@ -42,10 +42,11 @@ class XGrammarMatcher:
     """One request's grammar state over an xgrammar matcher (`GrammarMatcher`'s contract). Not thread-safe:
     the engine thread owns it once submitted."""
 
-    def __init__(self, matcher, num_words: int, stop_words: np.ndarray) -> None:
+    def __init__(self, matcher, num_words: int, stop_ids: frozenset[int], stop_words: np.ndarray) -> None:
         self._matcher = matcher
         self.num_words = num_words
-        self._stop_words = stop_words  # u32[num_words]: the end-of-sequence ids
+        self._stop_ids = stop_ids  # the end-of-sequence ids, and their mask row u32[num_words]
+        self._stop_words = stop_words
         self._error: str | None = None
         # tokens consumed that xgrammar did not see - an end after the end (ignore_eos lets a request go on
         # after its grammar ended), or any token from an error on - always the last ones consumed
@@ -69,7 +70,7 @@ class XGrammarMatcher:
             if not self._matcher.is_terminated():
                 if self._matcher.accept_token(token_id):
                     return
-            elif self._is_stop(token_id):
+            elif token_id in self._stop_ids:
                 self._unseen += 1
                 return
             self._error, self._error_at = f"token {token_id} is not allowed by the grammar here", self._unseen
@@ -83,11 +84,6 @@ class XGrammarMatcher:
             self._error = None
         if num_tokens > unseen:
             self._matcher.rollback(num_tokens - unseen)
-
-    def _is_stop(self, token_id: int) -> bool:
-        if not 0 <= token_id < self.num_words * 32:
-            return False
-        return bool((int(self._stop_words[token_id >> 5]) >> (token_id & 31)) & 1)
 
     @property
     def stopped(self) -> bool:
@@ -127,10 +123,10 @@ class XGrammarBackend:
         info = xgrammar.TokenizerInfo.from_vocab_and_metadata(vocab, detected.dump_metadata())
         self._compiler = xgrammar.GrammarCompiler(info, cache_limit_bytes=_CACHE_BYTES)
         self.num_words = -(-vocab_size // 32)
-        self._stop_words = np.zeros(self.num_words, np.uint32)
-        for token_id in eos:
-            if token_id < vocab_size:
-                self._stop_words[token_id >> 5] |= np.uint32(1 << (token_id & 31))
+        self._stop_ids = frozenset(i for i in eos if i < vocab_size)
+        bits = np.zeros(self.num_words * 32, bool)
+        bits[list(self._stop_ids)] = True
+        self._stop_words = np.packbits(bits, bitorder="little").view(np.uint32)
 
     def _compile(self, kind: str, source: str):
         compiler = self._compiler
@@ -161,4 +157,5 @@ class XGrammarBackend:
         if kind == "lark":
             return self._lark.matcher(kind, source)
         compiled = self._compile(kind, source)
-        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled), self.num_words, self._stop_words)
+        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled), self.num_words, self._stop_ids,
+                               self._stop_words)

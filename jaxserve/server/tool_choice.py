@@ -19,8 +19,10 @@ import json
 import re
 from typing import Any
 
+from jaxserve.sampling.grammar import JSON_LAYOUT
+
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-_LAYOUT = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+_LAYOUT = {"x-guidance": JSON_LAYOUT}  # llguidance's options inside a schema: the layout of every JSON
 
 
 def chosen_tools(tools: list[dict[str, Any]] | None, *, required: bool,
